@@ -1,0 +1,81 @@
+// Package api holds torpor's HTTP API contract: the OpenAPI document
+// (openapi.yaml, embedded as OpenAPI) and the few JSON wire types of the /v1
+// API that are not already defined by package function. The gateway serves
+// these shapes and the client consumes them; this package does no I/O and
+// must import nothing from torpor but package function.
+package api
+
+import (
+	_ "embed"
+
+	"github.com/torpor-dev/torpor/internal/function"
+)
+
+// OpenAPI is the OpenAPI 3.1 document describing every route the gateway
+// serves. Tests check that it stays in step with the gateway's route table.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
+
+// DeployRequest is the body of PUT /v1/functions/{name}. The spec fields sit
+// at the top level (runtime, handler, memory_mb, timeout_s, env,
+// concurrency); name is optional and, when set, must equal the path name.
+// CodeZip travels as standard base64, which encoding/json does for []byte.
+type DeployRequest struct {
+	function.Spec
+	CodeZip []byte `json:"code_zip"`
+}
+
+// Error is the body of every non-2xx /v1 response.
+type Error struct {
+	// Message says what went wrong and what to do about it.
+	Message string `json:"error"`
+	// Code is one of the Code* constants; clients branch on it, not on Message.
+	Code string `json:"code"`
+}
+
+// Error codes of the /v1 API, one per error class (see internal/errdefs),
+// plus method_not_allowed for a known path with the wrong method.
+const (
+	CodeNotFound         = "not_found"          // 404
+	CodeInvalid          = "invalid"            // 400
+	CodeConflict         = "conflict"           // 409
+	CodeTooLarge         = "too_large"          // 413
+	CodeThrottled        = "throttled"          // 429
+	CodeUnavailable      = "unavailable"        // 503
+	CodeTimeout          = "timeout"            // 504
+	CodeInternal         = "internal"           // 500
+	CodeMethodNotAllowed = "method_not_allowed" // 405
+)
+
+// FunctionList is the body of GET /v1/functions.
+type FunctionList struct {
+	Functions []function.Version `json:"functions"`
+}
+
+// CallList is the body of GET /v1/functions/{name}/calls.
+type CallList struct {
+	Calls []function.Call `json:"calls"`
+}
+
+// Health is the body of GET /healthz.
+type Health struct {
+	Status string `json:"status"`
+}
+
+// Headers of /v1 invoke responses.
+const (
+	HeaderCallID        = "X-Torpor-Call-Id"
+	HeaderVersion       = "X-Torpor-Version"
+	HeaderStart         = "X-Torpor-Start"
+	HeaderFunctionError = "X-Torpor-Function-Error"
+	// FunctionErrorUnhandled is the value of HeaderFunctionError when the
+	// handler raised, timed out or crashed; the body is a function.Error.
+	FunctionErrorUnhandled = "Unhandled"
+)
+
+// Query limits of GET /v1/functions/{name}/calls.
+const (
+	DefaultCallsLimit = 20
+	MaxCallsLimit     = 1000
+)

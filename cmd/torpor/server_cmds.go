@@ -1,0 +1,69 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/torpor-dev/torpor/internal/app"
+	"github.com/torpor-dev/torpor/internal/config"
+)
+
+// addServerCommands adds the commands that run torpor's roles.
+func addServerCommands(root *cobra.Command) {
+	root.AddCommand(
+		serverCmd("up", "Run everything on this machine: HTTP gateway, worker and embedded NATS JetStream",
+			app.Roles{Gateway: true, Worker: true}),
+		serverCmd("gateway", "Run the HTTP API only, against a shared NATS (--nats)",
+			app.Roles{Gateway: true}),
+		serverCmd("worker", "Run functions on this node, taking calls from a shared NATS (--nats)",
+			app.Roles{Worker: true}),
+	)
+}
+
+func serverCmd(use, short string, roles app.Roles) *cobra.Command {
+	cfg := config.Default()
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(cfg.LogLevel)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return app.Run(ctx, cfg, roles, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Home, "home", cfg.Home, "state directory (env TORPOR_HOME)")
+	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error (env TORPOR_LOG_LEVEL)")
+	f.StringVar(&cfg.NATSURL, "nats", cfg.NATSURL, "external NATS server URL; empty runs one embedded (env TORPOR_NATS)")
+	f.StringVar(&cfg.NATSToken, "nats-token", cfg.NATSToken, "NATS auth token (env TORPOR_NATS_TOKEN)")
+	f.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "redeliver an async call when its worker is silent this long")
+	f.DurationVar(&cfg.Retention, "retention", cfg.Retention, "how long call records and logs are kept")
+	if roles.Gateway {
+		f.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address (env TORPOR_LISTEN)")
+	}
+	if roles.Gateway && roles.Worker {
+		f.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "let other nodes join the embedded NATS on this address (env TORPOR_NATS_LISTEN)")
+	}
+	if roles.Worker {
+		f.StringVar(&cfg.WorkerID, "worker-id", cfg.WorkerID, "this worker's id in call records (env TORPOR_WORKER_ID)")
+		f.StringVar(&cfg.Python, "python", cfg.Python, "Python interpreter; shims are resolved to the real binary (env TORPOR_PYTHON)")
+		f.DurationVar(&cfg.IdleTTL, "idle-ttl", cfg.IdleTTL, "stop an idle instance after this long")
+		f.IntVar(&cfg.MaxIdle, "max-idle", cfg.MaxIdle, "most idle instances kept on this worker")
+		f.IntVar(&cfg.AsyncSlots, "async-slots", cfg.AsyncSlots, "async calls run in parallel (0 = 4 per CPU)")
+		f.IntVar(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "processes per instance")
+		f.IntVar(&cfg.TmpMB, "tmp-mb", cfg.TmpMB, "size of each instance's /tmp in MB")
+	}
+	return cmd
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,306 @@
+// Package e2e boots the real torpor binary and drives it over HTTP, the CLI
+// and the AWS SDK, as a user would. Tests need root (sandboxes); CI runs as
+// root, so nothing skips there.
+package e2e
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var torporBin string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: skipping: the end-to-end tests need root (torpor creates sandboxes); run them with sudo")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "torpor-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	torporBin = filepath.Join(dir, "torpor")
+	build := exec.Command("go", "build", "-o", torporBin, "../cmd/torpor")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Println("e2e: building torpor failed:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is one running `torpor up` process.
+type server struct {
+	t        *testing.T
+	home     string
+	endpoint string
+	args     []string
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	done     chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startServer boots `torpor up` in a fresh home and waits until it serves.
+func startServer(t *testing.T, args ...string) *server {
+	t.Helper()
+	s := &server{t: t, home: t.TempDir(), args: args}
+	s.start()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *server) start() {
+	t := s.t
+	t.Helper()
+	_ = os.Remove(filepath.Join(s.home, "endpoint"))
+	args := append([]string{"up", "--home", s.home, "--listen", "127.0.0.1:0", "--log-level", "debug"}, s.args...)
+	s.cmd = exec.Command(torporBin, args...)
+	s.out = &syncBuffer{}
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start torpor: %v", err)
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	eventually(t, 30*time.Second, "torpor to serve", func() error {
+		select {
+		case <-s.done:
+			t.Fatalf("torpor exited early:\n%s", s.out.String())
+		default:
+		}
+		b, err := os.ReadFile(filepath.Join(s.home, "endpoint"))
+		if err != nil {
+			return err
+		}
+		s.endpoint = strings.TrimSpace(string(b))
+		resp, err := http.Get(s.endpoint + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("healthz: %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// kill SIGKILLs the server, as a crash would.
+func (s *server) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+func (s *server) stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-s.done:
+	default:
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(40 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+	if s.t.Failed() {
+		s.t.Logf("torpor output:\n%s", tail(s.out.String(), 8000))
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// eventually polls f until it returns nil or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+}
+
+// cli runs the torpor CLI against the server.
+func (s *server) cli(args ...string) (string, string, error) {
+	cmd := exec.Command(torporBin, args...)
+	cmd.Env = append(os.Environ(), "TORPOR_ENDPOINT="+s.endpoint)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// zipFiles builds a code package.
+func zipFiles(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for name, body := range files {
+		w, err := zw.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(w, body)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+type deployOpts struct {
+	Handler     string            `json:"handler"`
+	Runtime     string            `json:"runtime"`
+	MemoryMB    int               `json:"memory_mb,omitempty"`
+	TimeoutS    float64           `json:"timeout_s,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Concurrency int               `json:"concurrency,omitempty"`
+	CodeZip     string            `json:"code_zip"`
+}
+
+// deployZip deploys a zip over REST and returns the status and body.
+func (s *server) deployZip(name string, zipb []byte, o deployOpts) (int, string) {
+	if o.Handler == "" {
+		o.Handler = "app.handler"
+	}
+	if o.Runtime == "" {
+		o.Runtime = "python3"
+	}
+	o.CodeZip = base64.StdEncoding.EncodeToString(zipb)
+	body, _ := json.Marshal(o)
+	req, _ := http.NewRequest(http.MethodPut, s.endpoint+"/v1/functions/"+name, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("deploy %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// deploy deploys app.py source and fails the test unless it is accepted.
+func (s *server) deploy(name, source string, o deployOpts) {
+	s.t.Helper()
+	code, body := s.deployZip(name, zipFiles(s.t, map[string]string{"app.py": source}), o)
+	if code != 200 && code != 201 {
+		s.t.Fatalf("deploy %s: %d %s", name, code, body)
+	}
+}
+
+type invokeResp struct {
+	Status  int
+	Header  http.Header
+	Body    string
+	FuncErr bool
+}
+
+// invoke calls a function through the REST API.
+func (s *server) invoke(name, payload string) invokeResp {
+	return s.post("/v1/functions/"+name+"/invoke", payload, nil)
+}
+
+func (s *server) post(path, payload string, hdr map[string]string) invokeResp {
+	s.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.endpoint+path, strings.NewReader(payload))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		s.t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return invokeResp{Status: resp.StatusCode, Header: resp.Header, Body: string(b),
+		FuncErr: resp.Header.Get("X-Torpor-Function-Error") != "" || resp.Header.Get("X-Amz-Function-Error") != ""}
+}
+
+func (s *server) getJSON(path string, v any) int {
+	s.t.Helper()
+	resp, err := http.Get(s.endpoint + path)
+	if err != nil {
+		s.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if v != nil && resp.StatusCode == 200 {
+		if err := json.Unmarshal(b, v); err != nil {
+			s.t.Fatalf("GET %s: decode %q: %v", path, b, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// mustOK asserts a successful call and returns its body.
+func mustOK(t *testing.T, r invokeResp) string {
+	t.Helper()
+	if r.Status != 200 || r.FuncErr {
+		t.Fatalf("call failed: %d funcErr=%v %s", r.Status, r.FuncErr, r.Body)
+	}
+	return r.Body
+}
+
+// funcError decodes a Lambda-shaped error body.
+func funcError(t *testing.T, r invokeResp) (typ, msg string, stack []string) {
+	t.Helper()
+	if !r.FuncErr {
+		t.Fatalf("expected a function error, got %d %s", r.Status, r.Body)
+	}
+	var e struct {
+		ErrorMessage string   `json:"errorMessage"`
+		ErrorType    string   `json:"errorType"`
+		StackTrace   []string `json:"stackTrace"`
+	}
+	if err := json.Unmarshal([]byte(r.Body), &e); err != nil {
+		t.Fatalf("error body %q: %v", r.Body, err)
+	}
+	return e.ErrorType, e.ErrorMessage, e.StackTrace
+}

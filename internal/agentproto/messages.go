@@ -1,0 +1,86 @@
+package agentproto
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/torpor-dev/torpor/internal/function"
+)
+
+// ErrAgentExited is returned (wrapped) when the agent's socket reaches EOF or
+// is reset: the instance died or closed the socket, for example because the
+// handler called os._exit or ran out of memory. The Client is unusable
+// afterwards; the worker should reap the process and report the call failed.
+var ErrAgentExited = errors.New("agent exited")
+
+// ErrVersionMismatch is returned (wrapped) by Handshake when the agent speaks
+// another protocol major version than this worker.
+var ErrVersionMismatch = errors.New("agent protocol version mismatch")
+
+// Hello is what an agent announces when it starts.
+type Hello struct {
+	Version int    // protocol major version
+	Runtime string // language runtime and version, e.g. "python3.11.7"
+	Pid     int    // the agent's process id in its own pid namespace
+}
+
+// InitParams tell an agent which code to load and the Lambda-style identity
+// the handler sees in its context object.
+type InitParams struct {
+	Function string
+	Version  int // function version; 0 shows as "$LATEST"
+	Handler  string
+	MemoryMB int
+	Timeout  time.Duration // used for the deadline of an invoke that carries none
+	ARN      string
+	LogGroup string
+	// LogStream is context.log_stream_name; when empty the agent derives a
+	// Lambda-style "YYYY/MM/DD/[version]<random hex>".
+	LogStream string
+	CodeDir   string // directory put first on the module path; "/var/task" when empty
+}
+
+// InvokeParams describe one call.
+type InvokeParams struct {
+	ID      string // call id; context.aws_request_id
+	Payload []byte // event JSON; empty means {}
+	// Deadline is what context.get_remaining_time_in_millis counts down
+	// to. When zero, the ctx deadline is used, and failing that the
+	// agent's now + InitParams.Timeout.
+	Deadline time.Time
+	TraceID  string // exported to the handler as _X_AMZN_TRACE_ID
+}
+
+// LogRecord is a chunk of output an instance wrote to stdout or stderr.
+// Chunks follow pipe reads, not lines: a line may span two records.
+type LogRecord struct {
+	CallID string // the call that was running, "" outside calls (e.g. during init)
+	Stream string // StreamStdout or StreamStderr
+	Data   []byte // owned by the receiver
+}
+
+// InitError is returned by Client.Init when the function's code failed to
+// load: missing module or handler, syntax error, or an exception raised at
+// import time. The instance is still alive but useless; discard it.
+type InitError struct {
+	Err function.Error
+}
+
+func (e *InitError) Error() string {
+	var b strings.Builder
+	b.WriteString("function init failed: ")
+	b.WriteString(e.Err.ErrorType)
+	b.WriteString(": ")
+	b.WriteString(e.Err.ErrorMessage)
+	if len(e.Err.StackTrace) > 0 {
+		b.WriteString("\nTraceback:\n")
+		for _, line := range e.Err.StackTrace {
+			b.WriteString(line)
+			if !strings.HasSuffix(line, "\n") {
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return strings.TrimRight(b.String(), "\n")
+}

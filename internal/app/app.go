@@ -1,0 +1,133 @@
+// Package app wires torpor's roles together, explicitly and in one place:
+// the bus, the registry, the gateway and the worker, and their lifecycle. It
+// holds no business logic.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/callstore"
+	"github.com/torpor-dev/torpor/internal/config"
+	"github.com/torpor-dev/torpor/internal/dispatch"
+	"github.com/torpor-dev/torpor/internal/gateway"
+	"github.com/torpor-dev/torpor/internal/registry"
+	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/internal/worker"
+)
+
+// Roles selects what a process runs.
+type Roles struct {
+	Gateway bool
+	Worker  bool
+}
+
+// Run starts the selected roles and blocks until ctx is cancelled, then
+// shuts down gracefully: the HTTP server stops accepting, running calls
+// finish (bounded), instances are stopped, NATS is drained.
+func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
+		return fmt.Errorf("create home %s: %w", cfg.Home, err)
+	}
+	if err := os.Chmod(cfg.Home, 0o700); err != nil {
+		return fmt.Errorf("secure home %s: %w", cfg.Home, err)
+	}
+	if roles.Worker && os.Geteuid() != 0 {
+		return errors.New("a worker must run as root (it creates namespaces and cgroups for sandboxes): run `sudo torpor up`")
+	}
+	// Resolve the runtime before opening anything, so a missing interpreter
+	// fails fast with a clear message.
+	var py config.Interpreter
+	if roles.Worker {
+		var err error
+		if py, err = config.ResolvePython(ctx, cfg.Python); err != nil {
+			return err
+		}
+	}
+
+	b, err := bus.Open(ctx, bus.Config{URL: cfg.NATSURL, StoreDir: filepath.Join(cfg.Home, "nats"), Listen: cfg.NATSListen,
+		Token: cfg.NATSToken, CallRetention: cfg.Retention, AckWait: cfg.AckWait}, log.With("part", "bus"))
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if u := b.ClientURL(); u != "" {
+		log.Info("NATS listening for other nodes", "url", u, "token_file", filepath.Join(cfg.Home, "nats", "token"))
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg, err := registry.New(runCtx, b.Functions, b.Code, log.With("part", "registry"))
+	if err != nil {
+		return err
+	}
+	calls := callstore.New(b.Calls)
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var w *worker.Worker
+	if roles.Worker {
+		sbm, err := sandbox.NewManager(ctx, sandbox.Config{StateDir: filepath.Join(cfg.Home, "sandbox")}, log.With("part", "sandbox"))
+		if err != nil {
+			return fmt.Errorf("sandboxes: %w", err)
+		}
+		w, err = worker.New(worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
+			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB},
+			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))
+		if err != nil {
+			return err
+		}
+		if err := w.Start(runCtx); err != nil {
+			return err
+		}
+	}
+
+	var srv *http.Server
+	srvErr := make(chan error, 1)
+	if roles.Gateway {
+		d := dispatch.New(b, reg, calls, log.With("part", "dispatch"))
+		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg})
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w (is another torpor running? pick another address with --listen)", cfg.Listen, err)
+		}
+		endpoint := "http://" + ln.Addr().String()
+		if err := os.WriteFile(filepath.Join(cfg.Home, "endpoint"), []byte(endpoint+"\n"), 0o644); err != nil {
+			return fmt.Errorf("write endpoint file: %w", err)
+		}
+		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go func() { srvErr <- srv.Serve(ln) }()
+		log.Info("torpor is serving", "endpoint", endpoint, "home", cfg.Home)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-srvErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+	}
+	log.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	if srv != nil {
+		_ = srv.Shutdown(sctx)
+	}
+	if w != nil {
+		w.Close(sctx)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// WriteWarmResults writes the raw results of rep to dir (created if
+// needed): results.json (the report, every latency included),
+// results.csv (one row per measured call: series, concurrency, i — the
+// call's issue order —, latency_us, ok) and latency.png (the CDF plot).
+func WriteWarmResults(dir string, rep *WarmReport) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results dir %s: %w", dir, err)
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, "results.csv"), func(w *bufio.Writer) error { return writeWarmCSV(w, rep) }); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, "latency.png"), func(w *bufio.Writer) error {
+		return RenderCDF(w, warmTitle(rep), warmPlotLines(rep))
+	})
+}
+
+func writeFile(path string, fill func(*bufio.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	w := bufio.NewWriter(f)
+	err = fill(w)
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+func writeWarmCSV(w *bufio.Writer, rep *WarmReport) error {
+	if _, err := w.WriteString("series,concurrency,i,latency_us,ok\n"); err != nil {
+		return err
+	}
+	for _, s := range rep.Results {
+		for i, c := range s.calls {
+			fmt.Fprintf(w, "%s,%d,%d,%d,%t\n", s.Series, s.Concurrency, i, c.latency.Microseconds(), c.err == nil)
+		}
+	}
+	return nil
+}
+
+// seriesColor gives each series one colour across concurrencies.
+var seriesColor = map[string]color.RGBA{
+	SeriesBaseline:     Palette[9], // dark grey: the reference
+	SeriesTorporREST:   Palette[0],
+	SeriesTorporLambda: Palette[1],
+}
+
+func warmPlotLines(rep *WarmReport) []PlotLine {
+	dash := map[int]int{}
+	for i, c := range rep.Concurrency {
+		dash[c] = i % numDashes
+	}
+	var lines []PlotLine
+	for _, s := range rep.Results {
+		lines = append(lines, PlotLine{
+			Label:       fmt.Sprintf("%-20s c=%-2d p50 %s  p99 %s ms", s.Series, s.Concurrency, ms(s.P50US), ms(s.P99US)),
+			LatenciesUS: s.LatenciesUS,
+			Color:       seriesColor[s.Series],
+			Dash:        dash[s.Concurrency],
+		})
+	}
+	return lines
+}
+
+func warmTitle(rep *WarmReport) string {
+	m := rep.Machine
+	t := "torpor warm calls of a NOP python function, " + strconv.Itoa(rep.Calls) + " calls/line; " +
+		strconv.Itoa(m.NProc) + " cpu " + shortCPU(m.CPUModel) + ", " + m.Timestamp.Format("2006-01-02 15:04Z")
+	if max := (PlotWidth - 20) / face.Advance; len(t) > max {
+		t = t[:max]
+	}
+	return t
+}
+
+// shortCPU trims the marketing noise off a CPU model name.
+func shortCPU(s string) string {
+	for _, junk := range []string{"(R)", "(TM)", "(tm)", " CPU", " Processor"} {
+		s = strings.ReplaceAll(s, junk, "")
+	}
+	if i := strings.Index(s, " @"); i > 0 {
+		s = s[:i]
+	}
+	return strings.Join(strings.Fields(s), " ")
+}

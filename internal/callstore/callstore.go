@@ -1,0 +1,123 @@
+// Package callstore keeps call records in a NATS KV bucket under
+// "<function>.<call id>", so one function's calls list by key prefix and a
+// call id alone is found by a wildcard lookup. It does not run calls.
+package callstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/function"
+)
+
+// Store reads and writes call records.
+type Store struct{ kv jetstream.KeyValue }
+
+// New returns a Store over the call bucket.
+func New(kv jetstream.KeyValue) *Store { return &Store{kv: kv} }
+
+func key(fn, id string) string { return fn + "." + id }
+
+// Put writes a record unconditionally.
+func (s *Store) Put(ctx context.Context, c function.Call) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encode call %s: %w", c.ID, err)
+	}
+	if _, err := s.kv.Put(ctx, key(c.Function, c.ID), b); err != nil {
+		return fmt.Errorf("store call %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// Update applies fn to the current record of call id of function name and
+// stores the result, retrying on concurrent writes. fn may return an error to
+// abort without writing.
+func (s *Store) Update(ctx context.Context, name, id string, fn func(*function.Call) error) (function.Call, error) {
+	for attempt := 0; ; attempt++ {
+		e, err := s.kv.Get(ctx, key(name, id))
+		if err != nil {
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return function.Call{}, errdefs.NotFound(fmt.Sprintf("call %s not found", id))
+			}
+			return function.Call{}, fmt.Errorf("read call %s: %w", id, err)
+		}
+		var c function.Call
+		if err := json.Unmarshal(e.Value(), &c); err != nil {
+			return c, fmt.Errorf("decode call %s: %w", id, err)
+		}
+		if err := fn(&c); err != nil {
+			return c, err
+		}
+		b, _ := json.Marshal(c)
+		if _, err := s.kv.Update(ctx, key(name, id), b, e.Revision()); err != nil {
+			if attempt < 20 && ctx.Err() == nil {
+				continue
+			}
+			return c, fmt.Errorf("update call %s: %w", id, err)
+		}
+		return c, nil
+	}
+}
+
+// Get finds a call by id alone.
+func (s *Store) Get(ctx context.Context, id string) (function.Call, error) {
+	if err := function.ValidateCallID(id); err != nil {
+		return function.Call{}, err
+	}
+	w, err := s.kv.Watch(ctx, "*."+id)
+	if err != nil {
+		return function.Call{}, fmt.Errorf("look up call %s: %w", id, err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return function.Call{}, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return function.Call{}, errdefs.NotFound(fmt.Sprintf("call %s not found (records are kept for a limited time)", id))
+			}
+			var c function.Call
+			if err := json.Unmarshal(e.Value(), &c); err != nil {
+				return c, fmt.Errorf("decode call %s: %w", id, err)
+			}
+			return c, nil
+		}
+	}
+}
+
+// List returns up to limit records of function name, newest first.
+func (s *Store) List(ctx context.Context, name string, limit int) ([]function.Call, error) {
+	w, err := s.kv.Watch(ctx, name+".*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list calls of %s: %w", name, err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []function.Call
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				// Call ids are UUIDv7, so id order is arrival order.
+				sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
+				if limit > 0 && len(out) > limit {
+					out = out[:limit]
+				}
+				return out, nil
+			}
+			var c function.Call
+			if err := json.Unmarshal(e.Value(), &c); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+}

@@ -1,0 +1,135 @@
+// Package config is torpor's one typed configuration tree: defaults,
+// validation, and the TORPOR_* environment overlay. It is loaded once in
+// cmd/torpor and passed down; nothing else reads flags or the environment.
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config is everything a torpor server process needs.
+type Config struct {
+	Home     string // state root ($TORPOR_HOME, default ~/.torpor)
+	Listen   string // HTTP API address
+	LogLevel string // debug|info|warn|error
+
+	NATSURL    string        // external NATS; empty = embedded
+	NATSListen string        // embedded server's TCP listener for other nodes; empty = in-process only
+	NATSToken  string        // token for NATSURL / NATSListen
+	AckWait    time.Duration // async redelivery timeout without heartbeats
+	Retention  time.Duration // call records and logs
+
+	WorkerID   string
+	Python     string // interpreter (name on PATH or absolute path)
+	IdleTTL    time.Duration
+	MaxIdle    int
+	AsyncSlots int
+	PidsLimit  int
+	TmpMB      int
+}
+
+// Default returns the defaults, overlaid with TORPOR_* environment variables.
+func Default() Config {
+	home := os.Getenv("TORPOR_HOME")
+	if home == "" {
+		if h, err := os.UserHomeDir(); err == nil {
+			home = filepath.Join(h, ".torpor")
+		} else {
+			home = "/var/lib/torpor"
+		}
+	}
+	host, _ := os.Hostname()
+	c := Config{
+		Home: home, Listen: "127.0.0.1:8080", LogLevel: "info",
+		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
+		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
+		PidsLimit: 128, TmpMB: 512,
+	}
+	env := map[string]*string{
+		"TORPOR_LISTEN": &c.Listen, "TORPOR_LOG_LEVEL": &c.LogLevel, "TORPOR_NATS": &c.NATSURL,
+		"TORPOR_NATS_LISTEN": &c.NATSListen, "TORPOR_NATS_TOKEN": &c.NATSToken, "TORPOR_WORKER_ID": &c.WorkerID,
+		"TORPOR_PYTHON": &c.Python,
+	}
+	for k, p := range env {
+		if v, ok := os.LookupEnv(k); ok {
+			*p = v
+		}
+	}
+	return c
+}
+
+// Validate checks the config and says what to change.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Home == "" {
+		errs = append(errs, errors.New("--home is empty: set it or TORPOR_HOME"))
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("--listen %q: want HOST:PORT: %w", c.Listen, err))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q: use debug, info, warn or error", c.LogLevel))
+	}
+	if c.NATSURL != "" && !strings.Contains(c.NATSURL, "://") {
+		errs = append(errs, fmt.Errorf("--nats %q: want a URL such as nats://127.0.0.1:4222", c.NATSURL))
+	}
+	if c.AckWait < time.Second {
+		errs = append(errs, fmt.Errorf("--ack-wait %s: use at least 1s", c.AckWait))
+	}
+	if c.IdleTTL < time.Second {
+		errs = append(errs, fmt.Errorf("--idle-ttl %s: use at least 1s", c.IdleTTL))
+	}
+	if c.PidsLimit < 8 {
+		errs = append(errs, fmt.Errorf("--pids-limit %d: use at least 8", c.PidsLimit))
+	}
+	if c.TmpMB < 1 {
+		errs = append(errs, fmt.Errorf("--tmp-mb %d: use at least 1", c.TmpMB))
+	}
+	if c.WorkerID == "" {
+		errs = append(errs, errors.New("--worker-id is empty"))
+	}
+	return errors.Join(errs...)
+}
+
+// Interpreter is a resolved language runtime.
+type Interpreter struct {
+	Path   string // real executable (not a shim)
+	Prefix string // installation prefix (sys.base_prefix)
+}
+
+// ResolvePython finds the real interpreter behind name, which may be a
+// pyenv-style shim: shims cost tens of ms per start and do not work inside a
+// sandbox.
+func ResolvePython(ctx context.Context, name string) (Interpreter, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return Interpreter{}, fmt.Errorf("python interpreter %q not found: install python3 or pass --python PATH: %w", name, err)
+	}
+	out, err := exec.CommandContext(ctx, path, "-c", "import sys; print(sys.executable); print(sys.base_prefix); print('%d.%d' % sys.version_info[:2])").Output()
+	if err != nil {
+		return Interpreter{}, fmt.Errorf("run %s: %w", path, err)
+	}
+	f := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(f) != 3 {
+		return Interpreter{}, fmt.Errorf("unexpected answer from %s: %q", path, out)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(f[2], "%d.%d", &major, &minor); err != nil || major != 3 || minor < 8 {
+		return Interpreter{}, fmt.Errorf("%s is Python %s: torpor needs Python 3.8 or newer", f[0], f[2])
+	}
+	exe, err := filepath.EvalSymlinks(f[0])
+	if err != nil {
+		return Interpreter{}, fmt.Errorf("resolve %s: %w", f[0], err)
+	}
+	return Interpreter{Path: exe, Prefix: f[1]}, nil
+}

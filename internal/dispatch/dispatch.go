@@ -1,0 +1,272 @@
+// Package dispatch is the control plane behind the gateway: it implements
+// gateway.Backend on NATS JetStream. Deploys are validated by a worker and
+// stored in the registry; synchronous calls go to a worker as NATS requests;
+// asynchronous calls are persisted in a JetStream work queue before they are
+// acknowledged. It never runs function code itself.
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/callmsg"
+	"github.com/torpor-dev/torpor/internal/callstore"
+	"github.com/torpor-dev/torpor/internal/codezip"
+	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/gateway"
+	"github.com/torpor-dev/torpor/internal/registry"
+)
+
+var _ gateway.Backend = (*Dispatcher)(nil)
+
+// StartBudget is how long a call may wait for an instance on top of the
+// function's own timeout before the dispatcher gives up on the worker.
+const StartBudget = 30 * time.Second
+
+// Dispatcher implements gateway.Backend.
+type Dispatcher struct {
+	bus   *bus.Bus
+	reg   *registry.Registry
+	calls *callstore.Store
+	log   *slog.Logger
+}
+
+// New returns a Dispatcher.
+func New(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{bus: b, reg: reg, calls: calls, log: log}
+}
+
+// Deploy implements gateway.Backend.
+func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []byte) (function.Version, error) {
+	if err := spec.Normalize(); err != nil {
+		return function.Version{}, err
+	}
+	if len(codeZip) > function.MaxCodeZipBytes {
+		return function.Version{}, errdefs.TooLarge(fmt.Sprintf("code package is %d bytes; the limit is %d bytes zipped", len(codeZip), function.MaxCodeZipBytes))
+	}
+	if _, err := codezip.Validate(codeZip); err != nil {
+		return function.Version{}, fmt.Errorf("code package of %s: %w", spec.Name, err)
+	}
+	digest, err := d.reg.PutCode(ctx, codeZip)
+	if err != nil {
+		return function.Version{}, err
+	}
+	ver, rev, err := d.reg.Prepare(ctx, spec, digest, int64(len(codeZip)))
+	if err != nil {
+		return function.Version{}, err
+	}
+	if err := d.validate(ctx, ver); err != nil {
+		return function.Version{}, err
+	}
+	if err := d.reg.Commit(ctx, ver, rev); err != nil {
+		return function.Version{}, err
+	}
+	// Make the new version visible to this process's cache before answering,
+	// so that an invoke right after the deploy runs it.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		got, err := d.reg.ResolveWait(wctx, ver.Name, 0)
+		if err != nil || got.Version >= ver.Version {
+			break
+		}
+		if wctx.Err() != nil {
+			break
+		}
+	}
+	d.log.Info("deployed", "fn", ver.Name, "version", ver.Version, "code", digest[:12])
+	return ver, nil
+}
+
+// validate asks a worker to start the version's code: a missing handler or a
+// syntax error fails the deploy with the runtime's traceback.
+func (d *Dispatcher) validate(ctx context.Context, ver function.Version) error {
+	body, _ := json.Marshal(ver)
+	msg := nats.NewMsg(bus.SubjValidate)
+	msg.Data = body
+	ctx, cancel := context.WithTimeout(ctx, StartBudget+time.Minute)
+	defer cancel()
+	reply, err := d.bus.NC.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return requestError("validate "+ver.Name, err)
+	}
+	res, err := callmsg.ParseReply(reply)
+	if err != nil {
+		return fmt.Errorf("validate %s: %w", ver.Name, err)
+	}
+	if res.Err != nil {
+		return errdefs.Invalid(fmt.Sprintf("deploy of %s rejected: the function failed to initialize: %s: %s\n%s",
+			ver.Name, res.Err.ErrorType, res.Err.ErrorMessage, joinTrace(res.Err.StackTrace)))
+	}
+	return nil
+}
+
+func joinTrace(lines []string) string {
+	out := ""
+	for _, l := range lines {
+		out += l
+	}
+	return out
+}
+
+func requestError(what string, err error) error {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%s: no worker is running: start one with `torpor up` or `torpor worker`: %w", what, errdefs.ErrUnavailable)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return fmt.Errorf("%s: no answer from a worker in time: %w", what, errdefs.ErrTimeout)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %w", what, err)
+	default:
+		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrUnavailable)
+	}
+}
+
+// Function implements gateway.Backend.
+func (d *Dispatcher) Function(_ context.Context, name string, v int) (function.Version, error) {
+	if err := function.ValidateName(name); err != nil {
+		return function.Version{}, err
+	}
+	return d.reg.Resolve(name, v)
+}
+
+// Functions implements gateway.Backend.
+func (d *Dispatcher) Functions(context.Context) ([]function.Version, error) {
+	return d.reg.Functions(), nil
+}
+
+// DeleteFunction implements gateway.Backend.
+func (d *Dispatcher) DeleteFunction(ctx context.Context, name string) error {
+	if err := function.ValidateName(name); err != nil {
+		return err
+	}
+	return d.reg.Delete(ctx, name)
+}
+
+func (d *Dispatcher) resolve(req *function.InvokeRequest) (function.Version, error) {
+	if err := function.ValidateName(req.Function); err != nil {
+		return function.Version{}, err
+	}
+	if len(req.Payload) > function.MaxPayloadBytes {
+		return function.Version{}, errdefs.TooLarge(fmt.Sprintf("payload of %d bytes exceeds the %d byte limit", len(req.Payload), function.MaxPayloadBytes))
+	}
+	ver, err := d.reg.Resolve(req.Function, req.Version)
+	if err != nil {
+		return ver, err
+	}
+	req.Version = ver.Version
+	if req.CallID == "" {
+		req.CallID = function.NewCallID()
+	}
+	return ver, nil
+}
+
+// Invoke implements gateway.Backend.
+func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (function.InvokeResult, error) {
+	ver, err := d.resolve(&req)
+	if err != nil {
+		return function.InvokeResult{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, ver.Timeout()+StartBudget)
+	defer cancel()
+	reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.SubjInvoke+req.Function, req))
+	if err != nil {
+		return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function, err)
+	}
+	return callmsg.ParseReply(reply)
+}
+
+// InvokeAsync implements gateway.Backend. The call is in JetStream (and so
+// survives any process dying) before this returns.
+func (d *Dispatcher) InvokeAsync(ctx context.Context, req function.InvokeRequest) (function.Call, error) {
+	ver, err := d.resolve(&req)
+	if err != nil {
+		return function.Call{}, err
+	}
+	c := function.Call{ID: req.CallID, Function: ver.Name, Version: ver.Version, Mode: "async",
+		Status: function.StatusQueued, CreatedAt: time.Now().UTC()}
+	if err := d.calls.Put(ctx, c); err != nil {
+		return c, fmt.Errorf("accept async call: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	msg := callmsg.Request(bus.SubjCalls+req.Function, req)
+	if _, err := d.bus.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(req.CallID)); err != nil {
+		return c, fmt.Errorf("enqueue call %s: %v: %w", req.CallID, err, errdefs.ErrUnavailable)
+	}
+	return c, nil
+}
+
+// Call implements gateway.Backend.
+func (d *Dispatcher) Call(ctx context.Context, id string) (function.Call, error) {
+	return d.calls.Get(ctx, id)
+}
+
+// Calls implements gateway.Backend.
+func (d *Dispatcher) Calls(ctx context.Context, name string, limit int) ([]function.Call, error) {
+	if err := function.ValidateName(name); err != nil {
+		return nil, err
+	}
+	return d.calls.List(ctx, name, limit)
+}
+
+// Logs implements gateway.Backend.
+func (d *Dispatcher) Logs(ctx context.Context, name string, follow bool, fn func(function.LogLine) error) error {
+	if err := function.ValidateName(name); err != nil {
+		return err
+	}
+	if _, err := d.reg.Resolve(name, 0); err != nil && !follow {
+		return err
+	}
+	cons, err := d.bus.JS.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.SubjLogs + name},
+	})
+	if err != nil {
+		return fmt.Errorf("read logs of %s: %w", name, err)
+	}
+	if !follow {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("read logs of %s: %w", name, err)
+		}
+		if info.NumPending == 0 {
+			return nil
+		}
+	}
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				if follow {
+					return nil
+				}
+				return ctx.Err()
+			}
+			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
+				continue
+			}
+			return fmt.Errorf("read logs of %s: %w", name, err)
+		}
+		var lines []function.LogLine
+		if err := json.Unmarshal(msg.Data(), &lines); err != nil {
+			d.log.Warn("corrupt log batch", "fn", name, "err", err)
+		}
+		for _, l := range lines {
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+		if !follow {
+			if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+				return nil
+			}
+		}
+	}
+}

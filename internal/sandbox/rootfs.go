@@ -1,0 +1,220 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// rootfsDir is the directory under Config.StateDir on which each sandbox
+// mounts its root tmpfs, in its own mount namespace.
+const rootfsDir = "rootfs"
+
+// oldRootDir is where the host root stays reachable, inside the new root,
+// between pivot_root and its detachment.
+const oldRootDir = "/.oldroot"
+
+// systemDirs are the host directories every sandbox sees read-only. On a
+// merged-/usr system the last four are symlinks into /usr and are recreated
+// as such.
+var systemDirs = []string{"usr", "etc", "lib", "lib64", "bin", "sbin"}
+
+// devNodes are the character devices of the sandbox's /dev (name, major,
+// minor). mknod is cheaper than binding the host's nodes.
+var devNodes = []struct {
+	name         string
+	major, minor uint32
+}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}}
+
+// devLinks are the symlinks of the sandbox's /dev.
+var devLinks = [][2]string{
+	{"fd", "/proc/self/fd"},
+	{"stdin", "/proc/self/fd/0"},
+	{"stdout", "/proc/self/fd/1"},
+	{"stderr", "/proc/self/fd/2"},
+}
+
+// buildRoot builds the sandbox's filesystem and makes it the process root.
+// It runs in the init, in the new mount namespace: it mounts a tmpfs on
+// cfg.Root, pivots into it, binds the system directories and cfg.Binds from
+// the old root, mounts /proc, /dev, /dev/shm and /tmp, detaches the old root
+// and makes the root read-only.
+func buildRoot(cfg *initConfig) error {
+	// Nothing below may propagate back to the host.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return step("make mounts private", err)
+	}
+	root := cfg.Root
+	if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m,nr_inodes=4096"); err != nil {
+		return step("mount root tmpfs", fmt.Errorf("%s: %w", root, err))
+	}
+	var binds []string
+	for _, name := range systemDirs {
+		host := "/" + name
+		fi, err := os.Lstat(host)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return step("stat "+host, err)
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(host)
+			if err != nil {
+				return step("readlink "+host, err)
+			}
+			if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
+				return step("symlink "+host, err)
+			}
+		case fi.IsDir():
+			if err := unix.Mkdir(filepath.Join(root, name), 0o755); err != nil {
+				return step("mkdir "+host, err)
+			}
+			binds = append(binds, host)
+		}
+	}
+	for _, d := range []string{"proc", "dev", "tmp", oldRootDir[1:]} {
+		if err := unix.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			return step("mkdir /"+d, err)
+		}
+	}
+
+	// Pivot first and bind from the old root afterwards, so that every
+	// target path (and any symlink in it) resolves inside the new root.
+	if err := unix.PivotRoot(root, filepath.Join(root, oldRootDir)); err != nil {
+		return step("pivot_root", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return step("pivot_root", err)
+	}
+	const ro = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	for _, d := range binds {
+		if err := bindMount(oldRootDir+d, d, ro); err != nil {
+			return step("mount "+d, err)
+		}
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return step("mount /proc", err)
+	}
+	if err := buildDev(); err != nil {
+		return err
+	}
+	tmpOpts := fmt.Sprintf("mode=1777,size=%dm", cfg.TmpMB)
+	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
+		return step("mount /tmp", err)
+	}
+	for _, b := range cfg.Binds {
+		if err := userBind(b); err != nil {
+			return step("bind "+b.Target, err)
+		}
+	}
+	if err := unix.Unmount(oldRootDir, unix.MNT_DETACH); err != nil {
+		return step("detach old root", err)
+	}
+	if err := unix.Rmdir(oldRootDir); err != nil {
+		return step("detach old root", err)
+	}
+	if err := setMountAttr("/", unix.MOUNT_ATTR_RDONLY, false); err != nil {
+		return step("remount root read-only", err)
+	}
+	return nil
+}
+
+// buildDev mounts a minimal /dev: a few harmless character devices,
+// symlinks into /proc/self/fd and a small private /dev/shm.
+func buildDev() error {
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64"); err != nil {
+		return step("mount /dev", err)
+	}
+	for _, d := range devNodes {
+		p := "/dev/" + d.name
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return step("mknod "+p, err)
+		}
+	}
+	for _, l := range devLinks {
+		if err := unix.Symlink(l[1], "/dev/"+l[0]); err != nil {
+			return step("symlink /dev/"+l[0], err)
+		}
+	}
+	if err := unix.Mkdir("/dev/shm", 0o755); err != nil {
+		return step("mkdir /dev/shm", err)
+	}
+	shmOpts := fmt.Sprintf("mode=1777,size=%dm", devShmMB)
+	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, shmOpts); err != nil {
+		return step("mount /dev/shm", err)
+	}
+	if err := setMountAttr("/dev", unix.MOUNT_ATTR_RDONLY, false); err != nil {
+		return step("remount /dev read-only", err)
+	}
+	return nil
+}
+
+// userBind mounts one Spec bind, creating its mount point (and missing
+// parents, 0755) inside the new root unless it already exists.
+func userBind(b Bind) error {
+	src := oldRootDir + b.Source
+	var st unix.Stat_t
+	if err := unix.Stat(src, &st); err != nil {
+		return fmt.Errorf("source %s: %w", b.Source, err)
+	}
+	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if _, err := os.Lstat(b.Target); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(b.Target), 0o755); err != nil {
+			return fmt.Errorf("create mount point: %w", err)
+		}
+		if isDir {
+			err = unix.Mkdir(b.Target, 0o755)
+		} else {
+			var fd int
+			fd, err = unix.Open(b.Target, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+			if err == nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("create mount point: %w", err)
+		}
+	}
+	attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if !b.Writable {
+		attr |= unix.MOUNT_ATTR_RDONLY
+	}
+	return bindMount(src, b.Target, attr)
+}
+
+// bindMount recursively binds src on dst and sets attr on the whole new
+// mount tree (so submounts of src are read-only too).
+func bindMount(src, dst string, attr uint64) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", src, dst, err)
+	}
+	return setMountAttr(dst, attr, true)
+}
+
+// setMountAttr sets mount attributes on the mount at p (and, with
+// recursive, every mount below it) with mount_setattr(2), which unlike a
+// bind-remount changes a whole tree at once.
+func setMountAttr(p string, attr uint64, recursive bool) error {
+	flags := uint(0)
+	if recursive {
+		flags = unix.AT_RECURSIVE
+	}
+	err := unix.MountSetattr(unix.AT_FDCWD, p, flags, &unix.MountAttr{Attr_set: attr})
+	if errors.Is(err, unix.ENOSYS) {
+		// Linux < 5.12: a bind-remount, which covers only the top mount.
+		mf := uintptr(unix.MS_BIND | unix.MS_REMOUNT)
+		for _, m := range [][2]uint64{{unix.MOUNT_ATTR_RDONLY, unix.MS_RDONLY}, {unix.MOUNT_ATTR_NOSUID, unix.MS_NOSUID}, {unix.MOUNT_ATTR_NODEV, unix.MS_NODEV}} {
+			if attr&m[0] != 0 {
+				mf |= uintptr(m[1])
+			}
+		}
+		err = unix.Mount("", p, "", mf, "")
+	}
+	if err != nil {
+		return fmt.Errorf("set mount attributes of %s: %w", p, err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/torpor-dev/torpor/internal/errdefs"
+)
+
+// Sandbox is one running (or exited) instance. Its methods are safe for
+// concurrent use.
+type Sandbox struct {
+	id  string
+	m   *Manager
+	cmd *exec.Cmd
+	cg  *instanceCgroup
+
+	done   chan struct{}
+	status ExitStatus // written before done is closed
+
+	destroyMu sync.Mutex
+	destroyed bool
+}
+
+// ID returns the instance id.
+func (s *Sandbox) ID() string { return s.id }
+
+// Pid returns the host pid of the sandbox's init, which is pid 1 inside and,
+// after Start, the instance's program itself.
+func (s *Sandbox) Pid() int { return s.cmd.Process.Pid }
+
+// Done is closed once the init has exited (and with it, the whole tree).
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// ExitStatus returns how the init ended. It is valid once Done is closed.
+func (s *Sandbox) ExitStatus() ExitStatus {
+	select {
+	case <-s.done:
+		return s.status
+	default:
+		return ExitStatus{}
+	}
+}
+
+// wait reaps the init and records its exit status.
+func (s *Sandbox) wait() {
+	_ = s.cmd.Wait()
+	st := ExitStatus{Code: s.cmd.ProcessState.ExitCode()}
+	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		st.Signal = ws.Signal()
+	}
+	n, err := s.cg.oomKills()
+	if err != nil {
+		s.m.log.Warn("cannot read sandbox oom counter", "instance", s.id, "err", err)
+	}
+	st.OOMKilled = n > 0
+	s.status = st
+	close(s.done)
+	s.m.log.Debug("sandbox exited", "instance", s.id, "code", st.Code, "signal", st.Signal, "oom_killed", st.OOMKilled)
+}
+
+// Kill sends SIGKILL to the init; as pid 1 of the PID namespace its death
+// takes every other process of the sandbox with it. Killing an exited
+// sandbox is not an error.
+func (s *Sandbox) Kill() error {
+	// os.Process signals through a pidfd, so this cannot hit a reused pid.
+	if err := s.cmd.Process.Signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill sandbox %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Stats reads the instance's memory counters from its cgroup.
+func (s *Sandbox) Stats() (Stats, error) {
+	st, err := s.cg.stats()
+	if err != nil {
+		return Stats{}, fmt.Errorf("sandbox %s stats: %w", s.id, err)
+	}
+	return st, nil
+}
+
+// Destroy kills the sandbox, waits for it to exit, and removes its cgroup. It is idempotent; if ctx ends first it returns an error
+// wrapping errdefs.ErrTimeout and can be called again.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.destroyMu.Lock()
+	defer s.destroyMu.Unlock()
+	if s.destroyed {
+		return nil
+	}
+	if err := s.Kill(); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return fmt.Errorf("destroy sandbox %s: init did not exit: %w (%w)", s.id, errdefs.ErrTimeout, ctx.Err())
+	}
+	if err := s.cg.remove(ctx); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", s.id, err)
+	}
+	s.destroyed = true
+	s.m.forget(s.id)
+	return nil
+}

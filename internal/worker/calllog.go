@@ -1,0 +1,112 @@
+package worker
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/function"
+)
+
+// maxCallLog bounds what one call may log; the rest is dropped with a note.
+const maxCallLog = 256 << 10
+
+// callLog collects one call's output as Lambda-style log lines, framed by
+// START / END / REPORT platform lines.
+type callLog struct {
+	ver       function.Version
+	callID    string
+	lines     []function.LogLine
+	partial   map[string][]byte // unterminated line per stream
+	size      int
+	truncated bool
+	text      bytes.Buffer // user output, for the log tail
+}
+
+func newCallLog(ver function.Version, callID string) *callLog {
+	l := &callLog{ver: ver, callID: callID, partial: map[string][]byte{}}
+	l.platform(fmt.Sprintf("START RequestId: %s Version: %d", callID, ver.Version))
+	return l
+}
+
+func (l *callLog) platform(text string) {
+	l.lines = append(l.lines, function.LogLine{Time: time.Now().UTC(), Function: l.ver.Name, Version: l.ver.Version,
+		CallID: l.callID, Stream: "platform", Text: text})
+}
+
+// add takes a chunk of output from the agent.
+func (l *callLog) add(r agentproto.LogRecord) {
+	if l.size+len(r.Data) > maxCallLog {
+		l.truncated = true
+		return
+	}
+	l.size += len(r.Data)
+	l.text.Write(r.Data)
+	buf := append(l.partial[r.Stream], r.Data...)
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.user(r.Stream, string(buf[:i]))
+		buf = buf[i+1:]
+	}
+	l.partial[r.Stream] = buf
+}
+
+func (l *callLog) user(stream, text string) {
+	l.lines = append(l.lines, function.LogLine{Time: time.Now().UTC(), Function: l.ver.Name, Version: l.ver.Version,
+		CallID: l.callID, Stream: stream, Text: text})
+}
+
+// finish closes the log with the call's outcome.
+func (l *callLog) finish(res function.InvokeResult, peakMem uint64) {
+	for stream, rest := range l.partial {
+		if len(rest) > 0 {
+			l.user(stream, string(rest))
+		}
+	}
+	if l.truncated {
+		l.platform(fmt.Sprintf("torpor: output beyond %d KB of this call was dropped", maxCallLog>>10))
+	}
+	if res.Err != nil {
+		b, _ := json.Marshal(res.Err)
+		l.platform(string(b))
+	}
+	l.platform("END RequestId: " + l.callID)
+	report := fmt.Sprintf("REPORT RequestId: %s Duration: %.2f ms Memory Size: %d MB Start: %s (%.2f ms)",
+		l.callID, float64(res.Duration.Microseconds())/1000, l.ver.MemoryMB, res.Start, float64(res.StartTime.Microseconds())/1000)
+	if peakMem > 0 {
+		report += fmt.Sprintf(" Max Memory Used: %d MB", peakMem>>20)
+	}
+	l.platform(report)
+}
+
+// tail returns the last n bytes of the call's log, as text lines.
+func (l *callLog) tail(n int) []byte {
+	var sb strings.Builder
+	for _, line := range l.lines {
+		sb.WriteString(line.Text)
+		sb.WriteByte('\n')
+	}
+	s := sb.String()
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return []byte(s)
+}
+
+// publishLogs sends the call's lines as one batch, without waiting.
+func (w *Worker) publishLogs(l *callLog) {
+	b, err := json.Marshal(l.lines)
+	if err != nil {
+		return
+	}
+	if _, err := w.bus.JS.PublishAsync(bus.SubjLogs+l.ver.Name, b); err != nil {
+		w.log.Warn("publish logs", "fn", l.ver.Name, "call", l.callID, "err", err)
+	}
+}

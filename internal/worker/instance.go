@@ -1,0 +1,216 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/sandbox"
+)
+
+// instance is one sandboxed process running a function version's code.
+type instance struct {
+	id       string
+	ver      function.Version
+	sb       *sandbox.Sandbox
+	cl       *agentproto.Client
+	initLogs []agentproto.LogRecord // printed during init; shown with the first call
+	lastUsed time.Time
+}
+
+// alive reports whether the instance's process is still running.
+func (in *instance) alive() bool {
+	select {
+	case <-in.sb.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+// spawn starts a new instance of ver and initializes its code (the cold path).
+// An *agentproto.InitError means the function's own code failed to load.
+func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, error) {
+	codeDir, err := w.codeDir(ctx, ver)
+	if err != nil {
+		return nil, err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	parent := os.NewFile(uintptr(fds[0]), "agent-ctl")
+	child := os.NewFile(uintptr(fds[1]), "agent-ctl-child")
+	conn, err := net.FileConn(parent)
+	_ = parent.Close()
+	if err != nil {
+		_ = child.Close()
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	id := newInstanceID()
+	spec := sandbox.Spec{
+		ID:       id,
+		UID:      ver.UID,
+		GID:      ver.UID,
+		Hostname: "torpor",
+		Binds: append([]sandbox.Bind{
+			{Source: codeDir, Target: "/var/task"},
+			{Source: w.agentDir, Target: "/opt/torpor"},
+		}, w.runtimeBinds...),
+		Argv:       []string{w.cfg.Python, "-I", "/opt/torpor/torpor_agent.py"},
+		Env:        instanceEnv(ver),
+		Dir:        "/var/task",
+		ExtraFiles: []*os.File{child},
+		Limits: sandbox.Limits{
+			MemoryMB:  ver.MemoryMB,
+			CPUShares: cpuShares(ver.MemoryMB),
+			Pids:      w.cfg.PidsLimit,
+			TmpMB:     w.cfg.TmpMB,
+			NoFile:    1024,
+		},
+	}
+	sb, err := w.sandboxes.Start(ctx, spec)
+	_ = child.Close()
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("start sandbox for %s v%d: %w", ver.Name, ver.Version, err)
+	}
+	in := &instance{id: id, ver: ver, sb: sb, cl: agentproto.NewClient(conn)}
+	if err := w.initInstance(ctx, in); err != nil {
+		w.destroy(in)
+		return nil, err
+	}
+	w.metrics.instances.WithLabelValues("live").Inc()
+	return in, nil
+}
+
+func (w *Worker) initInstance(ctx context.Context, in *instance) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitTimeout)
+	defer cancel()
+	if _, err := in.cl.Handshake(ctx); err != nil {
+		return fmt.Errorf("agent of %s did not start: %w", in.ver.Name, w.exitCause(in, err))
+	}
+	_, err := in.cl.Init(ctx, agentproto.InitParams{
+		Function: in.ver.Name, Version: in.ver.Version, Handler: in.ver.Handler, MemoryMB: in.ver.MemoryMB,
+		Timeout: in.ver.Timeout(), ARN: in.ver.ARN(), LogGroup: "/aws/lambda/" + in.ver.Name, CodeDir: "/var/task",
+	}, func(r agentproto.LogRecord) { in.initLogs = append(in.initLogs, r) })
+	if err != nil {
+		var ie *agentproto.InitError
+		if errors.As(err, &ie) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("init of %s took longer than %s: %w", in.ver.Name, w.cfg.InitTimeout, err)
+		}
+		return fmt.Errorf("init of %s: %w", in.ver.Name, w.exitCause(in, err))
+	}
+	return nil
+}
+
+// exitCause explains an agent that went away: when the sandbox died, its exit
+// status (OOM kill, signal, exit code) says more than the socket error.
+func (w *Worker) exitCause(in *instance, err error) error {
+	if ferr := w.deathError(in); ferr != nil {
+		return fmt.Errorf("%s: %w", ferr.ErrorMessage, err)
+	}
+	return err
+}
+
+// deathError waits briefly for the instance's process to be gone and returns
+// the Lambda-shaped error describing how it died, or nil if it is alive.
+func (w *Worker) deathError(in *instance) *function.Error {
+	select {
+	case <-in.sb.Done():
+	case <-time.After(2 * time.Second):
+		return nil
+	}
+	st := in.sb.ExitStatus()
+	switch {
+	case st.OOMKilled:
+		return &function.Error{ErrorType: "Runtime.OutOfMemory", ErrorMessage: fmt.Sprintf(
+			"Runtime exited with error: signal: killed: the function exceeded its memory limit of %d MB (raise it with --memory)", in.ver.MemoryMB)}
+	case st.Signal != 0:
+		return &function.Error{ErrorType: "Runtime.ExitError", ErrorMessage: "Runtime exited with error: signal: " + unix.SignalName(st.Signal)}
+	default:
+		return &function.Error{ErrorType: "Runtime.ExitError", ErrorMessage: "Runtime exited with error: exit status " + strconv.Itoa(st.Code)}
+	}
+}
+
+// destroy tears an instance down in the background.
+func (w *Worker) destroy(in *instance) {
+	_ = in.cl.Close()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := in.sb.Destroy(ctx); err != nil {
+			w.log.Warn("destroy instance", "instance", in.id, "fn", in.ver.Name, "err", err)
+		}
+	}()
+}
+
+// codeDir returns the directory holding ver's extracted code, extracting it
+// on first use. Code is content-addressed, so versions with the same package
+// share it.
+func (w *Worker) codeDir(ctx context.Context, ver function.Version) (string, error) {
+	dir := filepath.Join(w.cfg.Home, "code", ver.CodeDigest)
+	if _, err := os.Stat(dir); err == nil {
+		return dir, nil
+	}
+	_, err, _ := w.extract.Do(ver.CodeDigest, func() (any, error) {
+		if _, err := os.Stat(dir); err == nil {
+			return nil, nil
+		}
+		zip, err := w.reg.Code(ctx, ver.CodeDigest)
+		if err != nil {
+			return nil, err
+		}
+		return nil, w.extractZip(ctx, zip, dir)
+	})
+	if err != nil {
+		return "", fmt.Errorf("code of %s v%d: %w", ver.Name, ver.Version, err)
+	}
+	return dir, nil
+}
+
+func instanceEnv(ver function.Version) []string {
+	env := []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"LANG=C.UTF-8",
+		"HOME=/tmp",
+		"TZ=:UTC",
+		"LAMBDA_TASK_ROOT=/var/task",
+		"AWS_LAMBDA_FUNCTION_NAME=" + ver.Name,
+		"AWS_LAMBDA_FUNCTION_VERSION=" + strconv.Itoa(ver.Version),
+		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE=" + strconv.Itoa(ver.MemoryMB),
+		"AWS_LAMBDA_LOG_GROUP_NAME=/aws/lambda/" + ver.Name,
+		"TORPOR_AGENT_FD=3",
+	}
+	for k, v := range ver.Env {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// cpuShares gives CPU in proportion to memory, as Lambda does (1769 MB is one
+// full vCPU), as a share rather than a cap so that idle CPU is never wasted.
+func cpuShares(memoryMB int) int {
+	return max(2, memoryMB*1024/1769)
+}
+
+func newInstanceID() string {
+	var b [6]byte
+	_, _ = randRead(b[:])
+	return "i-" + strings.ToLower(fmt.Sprintf("%x", b))
+}

@@ -1,0 +1,25 @@
+package worker
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the worker's Prometheus series.
+type Metrics struct {
+	instances      *prometheus.GaugeVec
+	starts         *prometheus.HistogramVec
+	droppedRecords prometheus.Counter
+}
+
+// NewMetrics registers the worker's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "torpor_instances",
+			Help: "Function instances on this worker: live (all) and idle (parked for reuse)."}, []string{"state"}),
+		starts: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "torpor_instance_start_seconds",
+			Help:    "Time to obtain an instance for a call, by start path.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"path"}),
+		droppedRecords: prometheus.NewCounter(prometheus.CounterOpts{Name: "torpor_call_records_dropped_total",
+			Help: "Records of synchronous calls not stored because the writer was overloaded."}),
+	}
+	reg.MustRegister(m.instances, m.starts, m.droppedRecords)
+	return m
+}
