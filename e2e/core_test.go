@@ -215,3 +215,36 @@ func TestAsync(t *testing.T) {
 		return nil
 	})
 }
+
+// TestConcurrencyLimit: a function deployed with --concurrency 1 runs one call
+// at a time; a sync call that cannot get a slot in time is throttled (429,
+// TooManyRequestsException on the Lambda route), while async calls wait.
+func TestConcurrencyLimit(t *testing.T) {
+	s := startServer(t)
+	s.deploy("one", "import time\ndef handler(e, c):\n    time.sleep(e)\n    return 'ok'\n", deployOpts{Concurrency: 1, TimeoutS: 10})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var first invokeResp
+	go func() { defer wg.Done(); first = s.invoke("one", `3`) }()
+	time.Sleep(500 * time.Millisecond)
+	r := s.invoke("one", `0`)
+	if r.Status != 429 {
+		t.Errorf("second parallel call: %d %s, want 429", r.Status, r.Body)
+	}
+	r = s.post("/2015-03-31/functions/one/invocations", `0`, nil)
+	if r.Status != 429 || r.Header.Get("X-Amzn-ErrorType") != "TooManyRequestsException" {
+		t.Errorf("Lambda route: %d %v", r.Status, r.Header.Get("X-Amzn-ErrorType"))
+	}
+	a := s.post("/v1/functions/one/invoke?async=true", `0`, nil)
+	wg.Wait()
+	mustOK(t, first)
+	var c struct{ ID, Status string }
+	_ = json.Unmarshal([]byte(a.Body), &c)
+	eventually(t, 20*time.Second, "queued async call", func() error {
+		s.getJSON("/v1/calls/"+c.ID, &c)
+		if c.Status != "succeeded" {
+			return fmt.Errorf("%+v", c)
+		}
+		return nil
+	})
+}

@@ -80,6 +80,7 @@ func TestIsolation(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &out); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("spy saw: %s", body)
 	for k, v := range out {
 		str, _ := v.(string)
 		switch {

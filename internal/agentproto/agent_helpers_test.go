@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/torpor-dev/torpor/runtimes"
 )
 
 // agentUnderTest is one language agent the conformance test runs. Node and
@@ -23,12 +25,23 @@ type agentUnderTest struct {
 }
 
 var agentsUnderTest = []agentUnderTest{
-	{name: "python", cmd: func(t testing.TB) []string {
-		return []string{requirePython(t), pythonAgentPath(t)}
+	// The source file run as a script.
+	{name: "python", cmd: func(tb testing.TB) []string {
+		return []string{requirePython(tb), pythonAgentPath(tb)}
 	}},
-	// How the worker runs it: no site import, the cheapest start.
-	{name: "python-nosite", cmd: func(t testing.TB) []string {
-		return []string{requirePython(t), "-S", pythonAgentPath(t)}
+	// As the worker runs it: the embedded copy written out and
+	// precompiled, started through the bootstrap without site-packages.
+	{name: "python-embedded", cmd: func(tb testing.TB) []string {
+		py := requirePython(tb)
+		dir := tb.TempDir()
+		path := filepath.Join(dir, runtimes.PythonAgentName)
+		if err := os.WriteFile(path, runtimes.PythonAgent, 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		if out, err := exec.Command(py, "-m", "py_compile", path).CombinedOutput(); err != nil {
+			tb.Fatalf("py_compile: %v %s", err, out)
+		}
+		return []string{py, "-S", "-c", runtimes.PythonBootstrap, dir}
 	}},
 }
 

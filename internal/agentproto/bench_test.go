@@ -92,7 +92,10 @@ func BenchmarkAgentStartup(b *testing.B) {
 		argv := a.cmd(b)
 		dir := writeCode(b, map[string]string{"app.py": "def handler(event, context):\n    return None\n"})
 		b.Run("agent="+a.name+"/baseline=interpreter-exit", func(b *testing.B) {
-			bare := append(append([]string(nil), argv[:len(argv)-1]...), "-c", "pass")
+			bare := []string{argv[0], "-c", "pass"}
+			if argv[1] == "-S" {
+				bare = []string{argv[0], "-S", "-c", "pass"}
+			}
 			for b.Loop() {
 				if out, err := exec.Command(bare[0], bare[1:]...).CombinedOutput(); err != nil {
 					b.Fatalf("%v: %v %s", bare, err, out)

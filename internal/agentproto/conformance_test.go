@@ -284,6 +284,52 @@ def handler(event, context):
 		}
 	}},
 
+	{"oversized error is truncated, not a protocol error", func(t *testing.T, p *agentProc) {
+		// 300 distinct frames (repeated ones would be collapsed by format_list).
+		var code strings.Builder
+		for i := 0; i < 300; i++ {
+			fmt.Fprintf(&code, "def f%d():\n    f%d()\n", i, i+1)
+		}
+		code.WriteString("def f300():\n    raise ValueError('x' * 3000000)\n\ndef handler(event, context):\n    f0()\n")
+		ready(t, p, code.String())
+		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ferr == nil || ferr.ErrorType != "ValueError" || len(ferr.ErrorMessage) > 100<<10 || !strings.Contains(ferr.ErrorMessage, "truncated") {
+			t.Fatalf("error type %q, message of %d bytes", ferr.ErrorType, len(ferr.ErrorMessage))
+		}
+		if n := len(ferr.StackTrace); n < 50 || n > 101 {
+			t.Errorf("stackTrace has %d entries, want the trimmed ~101", n)
+		}
+		if _, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c2"}, nil); err != nil {
+			t.Fatalf("agent stopped serving: %v", err)
+		}
+	}},
+
+	{"fork in handler does not disturb the protocol", func(t *testing.T, p *agentProc) {
+		ready(t, p, `
+import os
+def handler(event, context):
+    pid = os.fork()
+    if pid == 0:
+        print("child")
+        return "from-child"  # returns into the agent in the child
+    os.waitpid(pid, 0)
+    return "from-parent"
+`)
+		var l logs
+		for i := 0; i < 2; i++ {
+			got := invokeOK(t, p, fmt.Sprint("c", i), "{}", l.add)
+			if string(got) != `"from-parent"` {
+				t.Fatalf("call %d result = %s", i, got)
+			}
+		}
+		if got := l.text("c0", StreamStdout); got != "child\n" {
+			t.Errorf("child output = %q, want it captured", got)
+		}
+	}},
+
 	{"non-serializable result", func(t *testing.T, p *agentProc) {
 		ready(t, p, "def handler(event, context):\n    return {'s': {1, 2}}\n")
 		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)

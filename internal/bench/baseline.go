@@ -142,4 +142,3 @@ func (t *tailBuffer) String() string {
 	}
 	return s
 }
-

@@ -115,7 +115,7 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	}{{0.5, "p50"}, {0.9, "p90"}, {0.99, "p99"}} {
 		y := p.ypx(m.f)
 		p.line(p.left, y, p.right, y, markGrey, 1, DashDashed)
-		p.text(p.left+4, y-3, m.label, textGrey)
+		p.text(p.left+4, y+12, m.label, textGrey) // below: the top left of a CDF plot is empty
 	}
 
 	// Curves, drawn as ECDF steps.
@@ -129,10 +129,11 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 			continue
 		}
 		px, py := p.xpx(float64(pts[0].Value)/1000), p.ypx(0)
+		p.dash = 0
 		for _, pt := range pts {
 			x, y := p.xpx(float64(pt.Value)/1000), p.ypx(pt.Fraction)
-			p.line(px, py, x, py, c, 2, l.Dash)
-			p.line(x, py, x, y, c, 2, l.Dash)
+			p.lineTo(px, py, x, py, c, 2, l.Dash)
+			p.lineTo(x, py, x, y, c, 2, l.Dash)
 			px, py = x, y
 		}
 	}
@@ -140,6 +141,7 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	// Frame, labels, legend.
 	p.rect(p.left, p.top, p.right, p.bottom, black)
 	p.text((PlotWidth-textWidth(title))/2, 22, title, black)
+	p.text((PlotWidth-textWidth(title))/2+1, 22, title, black) // poor man's bold
 	xl := "latency (ms, log scale)"
 	p.text((p.left+p.right-textWidth(xl))/2, PlotHeight-14, xl, black)
 	p.vtext(16, (p.top+p.bottom)/2, "fraction of calls <= latency", black)
@@ -215,14 +217,19 @@ type plotter struct {
 	img                      *image.RGBA
 	left, right, top, bottom int
 	xlo, xhi                 float64 // ms
+	// dash is the distance drawn so far along the current polyline, so
+	// that its dash pattern runs on across the many short CDF steps.
+	dash int
 }
 
 func (p *plotter) xpx(ms float64) int {
+	ms = min(max(ms, p.xlo), p.xhi) // 0 µs would be -Inf on a log axis
 	f := (math.Log10(ms) - math.Log10(p.xlo)) / (math.Log10(p.xhi) - math.Log10(p.xlo))
 	return p.left + int(math.Round(f*float64(p.right-p.left)))
 }
 
 func (p *plotter) ypx(frac float64) int {
+	frac = min(max(frac, 0), 1)
 	return p.bottom - int(math.Round(frac*float64(p.bottom-p.top)))
 }
 
@@ -251,14 +258,22 @@ func dashOn(style, d int) bool {
 }
 
 // line draws a width-pixel line from (x0,y0) to (x1,y1) (Bresenham) in
-// the given dash style. Dashes restart with every call, which is fine for
-// the long axis-parallel steps of a CDF and keeps the code simple.
+// the given dash style, starting a new dash pattern.
 func (p *plotter) line(x0, y0, x1, y1 int, c color.RGBA, width, style int) {
+	p.dash = 0
+	p.lineTo(x0, y0, x1, y1, c, width, style)
+}
+
+// lineTo is line continuing the dash pattern of the previous segment; the
+// segment's first pixel is the previous one's last, so it is not counted.
+func (p *plotter) lineTo(x0, y0, x1, y1 int, c color.RGBA, width, style int) {
 	dx, dy := abs(x1-x0), -abs(y1-y0)
 	sx, sy := sign(x1-x0), sign(y1-y0)
 	e := dx + dy
-	for d := 0; ; d++ {
-		if dashOn(style, d) {
+	p.dash--
+	for {
+		p.dash++
+		if dashOn(style, p.dash) {
 			for i := 0; i < width; i++ {
 				for j := 0; j < width; j++ {
 					p.img.SetRGBA(x0+i, y0+j, c)

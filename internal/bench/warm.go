@@ -354,7 +354,6 @@ func nopZip() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-
 // unavailableError is an errdefs.ErrUnavailable whose message says what
 // to do, followed by the cause.
 type unavailableError struct {

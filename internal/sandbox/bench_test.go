@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"testing"
@@ -18,7 +19,13 @@ import (
 //	go test -run '^$' -bench Start -benchtime 300x ./internal/sandbox/
 //
 // ns/op is the mean; p50-ns and p90-ns are the median and 90th
-// percentile, which cold-start budgets are written against.
+// percentile, which cold-start budgets are written against. The init is the
+// test binary unless TORPOR_BENCH_INIT names another binary whose main
+// calls InitMain, e.g. the torpor binary itself (whose dependencies' package
+// initialisation then runs in every init):
+//
+//	go build -o /tmp/torpor ./cmd/torpor
+//	TORPOR_BENCH_INIT=/tmp/torpor go test -run '^$' -bench Start ./internal/sandbox/
 func BenchmarkStart(b *testing.B) {
 	requireRoot(b)
 	var base time.Duration
@@ -39,7 +46,9 @@ func BenchmarkStart(b *testing.B) {
 		reportPercentiles(b, starts, "")
 	})
 	b.Run("sandbox", func(b *testing.B) {
-		m, err := NewManager(context.Background(), testConfig(b), nil)
+		cfg := testConfig(b)
+		cfg.InitPath = os.Getenv("TORPOR_BENCH_INIT")
+		m, err := NewManager(context.Background(), cfg, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

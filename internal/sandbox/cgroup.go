@@ -532,11 +532,17 @@ func (t *cgroupTree) children() ([]string, error) {
 }
 
 // removeParents removes the parent cgroups; it fails if instances remain.
-func (t *cgroupTree) removeParents() error {
+// With alsoParent it then tries to remove each parent's own parent too,
+// which succeeds only once no other worker uses it.
+func (t *cgroupTree) removeParents(alsoParent bool) error {
 	var errs []error
 	for _, dir := range t.parents {
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+			continue
+		}
+		if alsoParent {
+			_ = unix.Rmdir(filepath.Dir(dir))
 		}
 	}
 	return errors.Join(errs...)

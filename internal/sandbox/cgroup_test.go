@@ -378,7 +378,7 @@ func TestCgroupV2Host(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := tree.removeParents(); err != nil {
+		if err := tree.removeParents(false); err != nil {
 			t.Error(err)
 		}
 	})

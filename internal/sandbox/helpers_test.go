@@ -44,8 +44,8 @@ func eventually(t *testing.T, d time.Duration, cond func() bool, what string) {
 	}
 }
 
-// nextUID hands each sandbox of the test run its own uid, so RLIMIT_NPROC
-// (counted per uid) of one test cannot affect another.
+// nextUID hands each sandbox of the test run its own uid, so that one
+// test's processes cannot count against another's per-uid limits.
 var nextUID atomic.Int64
 
 func testUID() int { return 61000 + int(nextUID.Add(1)) }

@@ -33,7 +33,7 @@ type initConfig struct {
 	Dir         string
 	NumExtra    int // ExtraFiles already sit at fd 3 .. 3+NumExtra-1
 	TmpMB       int
-	Pids        int
+	NProc       int
 	NoFile      int
 }
 
@@ -158,10 +158,9 @@ func setRlimits(cfg *initConfig) error {
 	if err := set(unix.RLIMIT_NOFILE, uint64(cfg.NoFile)); err != nil {
 		return err
 	}
-	if cfg.Pids > 0 {
-		// A second line of defence behind pids.max; note that it counts
-		// every process of the uid on the host, not just this instance.
-		if err := set(unix.RLIMIT_NPROC, uint64(cfg.Pids)); err != nil {
+	if cfg.NProc > 0 {
+		// Counts every process of the uid on the host (see Limits.NProc).
+		if err := set(unix.RLIMIT_NPROC, uint64(cfg.NProc)); err != nil {
 			return err
 		}
 	}

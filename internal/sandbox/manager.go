@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,13 +28,20 @@ type Config struct {
 	// sandbox mounts its root, each in its own mount namespace (so the host
 	// sees only an empty directory, and no per-instance mkdir is needed).
 	StateDir string
-	// CgroupName names the parent cgroup of the instances; default
-	// "torpor". A relative name is taken below the worker's own cgroup
-	// (so a worker started at the root cgroup gets e.g.
-	// /sys/fs/cgroup/memory/torpor/<id>, and one started inside a service
-	// or container cgroup stays within its limits); an absolute name is
-	// taken from the hierarchy root. Each worker on a host needs its own:
-	// NewManager kills whatever it finds below it. On cgroup v2 a relative
+	// CgroupName names the parent cgroup of the instances. A relative
+	// name is taken below the worker's own cgroup (so a worker started at
+	// the root cgroup gets e.g. /sys/fs/cgroup/memory/<name>/<id>, and one
+	// started inside a service or container cgroup stays within its
+	// limits); an absolute name is taken from the hierarchy root.
+	//
+	// NewManager kills and removes whatever it finds below it, taking it
+	// for the leftovers of a crashed run, so every worker on a host needs
+	// its own. The default, "torpor/<hash of StateDir>", gives one per
+	// StateDir: workers with different homes (tests, several `torpor up`)
+	// leave each other alone, and a restarted worker finds its own
+	// leftovers.
+	//
+	// On cgroup v2 a relative
 	// name needs the controllers delegated to the worker's cgroup; if the
 	// worker is alone there, NewManager moves it into the leaf
 	// "<first component of CgroupName>-manager" so that its cgroup can
@@ -51,9 +60,17 @@ type Manager struct {
 	log *slog.Logger
 	cg  *cgroupTree
 
+	defaultName bool // CgroupName is defaultCgroupName's
+
 	mu     sync.Mutex
 	live   map[string]*Sandbox // nil value: Start in progress
 	closed bool
+}
+
+// defaultCgroupName is "torpor/" and a hash of the absolute stateDir.
+func defaultCgroupName(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "torpor/" + hex.EncodeToString(sum[:6])
 }
 
 // NewManager checks that it runs as root, detects the cgroup version,
@@ -73,8 +90,9 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 	if cfg.StateDir, err = filepath.Abs(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("sandbox manager: state dir: %w", err)
 	}
-	if cfg.CgroupName == "" {
-		cfg.CgroupName = "torpor"
+	defaultName := cfg.CgroupName == ""
+	if defaultName {
+		cfg.CgroupName = defaultCgroupName(cfg.StateDir)
 	}
 	if filepath.Clean(cfg.CgroupName) != cfg.CgroupName || cfg.CgroupName == "/" || cfg.CgroupName == "." {
 		return nil, fmt.Errorf("sandbox manager: CgroupName %q must be a clean path other than / and .: %w", cfg.CgroupName, errdefs.ErrInvalid)
@@ -124,7 +142,7 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 	if tree.movedTo != "" {
 		log.Info("moved the worker to a leaf cgroup so that its own can delegate to sandboxes", "cgroup", tree.movedTo)
 	}
-	m := &Manager{cfg: cfg, log: log, cg: tree, live: map[string]*Sandbox{}}
+	m := &Manager{cfg: cfg, log: log, cg: tree, live: map[string]*Sandbox{}, defaultName: defaultName}
 	if err := m.cleanStale(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox manager: clean up after previous run: %w", err)
 	}
@@ -192,7 +210,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 }
 
 func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
-	var cg *instanceCgroup // created once the init runs
+	var cg *instanceCgroup // created once the init runs (in parallel with it)
 	cleanup := func() {
 		if cg != nil {
 			// The init was reaped, so this is one rmdir per directory.
@@ -213,7 +231,7 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		Dir:         spec.Dir,
 		NumExtra:    len(spec.ExtraFiles),
 		TmpMB:       spec.Limits.TmpMB,
-		Pids:        spec.Limits.Pids,
+		NProc:       spec.Limits.NProc,
 		NoFile:      spec.Limits.NoFile,
 	})
 	if err != nil {
@@ -262,23 +280,21 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		return nil, fmt.Errorf("start init %s: %w", m.cfg.InitPath, err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
-	fail := func(err error) (*Sandbox, error) {
+	abort := func() {
 		stop()
 		cfgW.Close()
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		cleanup()
-		return nil, err
 	}
 	// Create the cgroup while the init's Go runtime starts up; the init
 	// joins it as soon as it has read its config, before it does anything
 	// worth accounting. (Moving it from here instead, while its runtime
 	// spawns threads, measured 1.5-2 ms slower per start.)
-	c, err := m.cg.create(spec.ID, spec.Limits)
-	if err != nil {
-		return fail(err)
+	if cg, err = m.cg.create(spec.ID, spec.Limits); err != nil {
+		abort()
+		return nil, err
 	}
-	cg = c
 	// The init reads all of it at once; if it died, this fails with EPIPE and
 	// the status pipe says why.
 	_, werr := cfgW.Write(data)
@@ -286,16 +302,18 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	// EOF with no data: the exec closed the pipe (close-on-exec).
 	status, rerr := io.ReadAll(statusR)
 	stopped := !stop()
-	switch {
-	case len(status) > 0:
-		return fail(newInitError(status))
-	case stopped:
-		return fail(fmt.Errorf("init aborted: %w", ctx.Err()))
-	case rerr != nil:
-		return fail(fmt.Errorf("read init status: %w", rerr))
-	case werr != nil:
-		_, err := fail(werr)
-		return nil, fmt.Errorf("init died before reading its config (%s): %w", cmd.ProcessState, err)
+	if len(status) > 0 || stopped || rerr != nil || werr != nil {
+		abort()
+		switch {
+		case len(status) > 0:
+			return nil, newInitError(status)
+		case stopped:
+			return nil, fmt.Errorf("init aborted: %w", ctx.Err())
+		case rerr != nil:
+			return nil, fmt.Errorf("read init status: %w", rerr)
+		default:
+			return nil, fmt.Errorf("init died before reading its config (%s): %w", cmd.ProcessState, werr)
+		}
 	}
 
 	s := &Sandbox{
@@ -340,7 +358,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		pending := len(m.live)
 		m.mu.Unlock()
 		if pending == 0 {
-			errs = append(errs, m.cg.removeParents())
+			errs = append(errs, m.cg.removeParents(m.defaultName))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -353,20 +371,20 @@ func (m *Manager) Close(ctx context.Context) error {
 // instance's program. Spec problems (a missing program, working directory or
 // bind source) match errdefs.ErrInvalid; anything else errdefs.ErrUnavailable.
 type InitError struct {
-	Step string // e.g. "exec", "chdir", "bind /var/task", "mount /proc"
-	Err  string // the error the step failed with
+	Step    string // e.g. "exec", "chdir", "bind /var/task", "mount /proc"
+	Message string // what the step failed with
 }
 
 func newInitError(status []byte) *InitError {
 	var f initFailure
 	if err := json.Unmarshal(status, &f); err != nil || f.Step == "" {
-		return &InitError{Step: "init", Err: string(status)}
+		return &InitError{Step: "init", Message: string(status)}
 	}
-	return &InitError{Step: f.Step, Err: f.Err}
+	return &InitError{Step: f.Step, Message: f.Err}
 }
 
 // Error returns the init's own message, "torpor sandbox init: <step>: <error>".
-func (e *InitError) Error() string { return "torpor sandbox init: " + e.Step + ": " + e.Err }
+func (e *InitError) Error() string { return "torpor sandbox init: " + e.Step + ": " + e.Message }
 
 // Is classifies the failure for errors.Is.
 func (e *InitError) Is(target error) bool {

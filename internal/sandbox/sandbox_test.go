@@ -163,9 +163,10 @@ stat -c '%n %a' /root /root/.pyenv /var /opt`,
 			spec: func(s *Spec) {
 				s.Env = append(s.Env, "FOO=bar")
 				s.Limits.NoFile = 77
+				s.Limits.NProc = 500
 			},
 			script: `echo "$FOO"; ulimit -n; ulimit -c; ulimit -p; umask`,
-			check:  wantOut("bar\n77\n0\n64\n0022\n"),
+			check:  wantOut("bar\n77\n0\n500\n0022\n"),
 		},
 	}
 	for i, tt := range tests {
@@ -255,11 +256,10 @@ func TestCgroupLimits(t *testing.T) {
 	uid := testUID()
 	spec := Spec{
 		ID: "limits", UID: uid, GID: uid,
-		Argv:   []string{"/usr/bin/python3", "-c", "import sys; b = b'x' * (24 << 20); print('ready', flush=True); sys.stdin.read()"},
+		Argv:   []string{"/usr/bin/python3", "-c", "import time; b = b'x' * (24 << 20); time.sleep(1000)"},
 		Limits: Limits{MemoryMB: 100, CPUShares: 512, Pids: 20},
 	}
-	s, out, _ := startCaptured(t, m, spec)
-	_ = out
+	s, _, _ := startCaptured(t, m, spec)
 	// Wait for the allocation: Stats of a live sandbox.
 	var st Stats
 	eventually(t, 10*time.Second, func() bool {
@@ -273,6 +273,9 @@ func TestCgroupLimits(t *testing.T) {
 	var want map[string]string
 	if m.CgroupVersion() == 1 {
 		want = map[string]string{"memory.limit_in_bytes": "104857600", "cpu.shares": "512", "pids.max": "20"}
+		if m.cg.optional["memsw"] {
+			want["memory.memsw.limit_in_bytes"] = "104857600"
+		}
 	} else {
 		want = map[string]string{"memory.max": "104857600", "cpu.weight": strconv.Itoa(sharesToWeight(512)), "pids.max": "20"}
 	}
@@ -316,18 +319,20 @@ while True:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { destroy(t, s) })
-	current := func() int {
-		b, _ := os.ReadFile(filepath.Join(s.cg.dir("pids"), "pids.current"))
+	read := func(file, key string) int {
+		b, _ := os.ReadFile(filepath.Join(s.cg.dir("pids"), file))
+		if key != "" {
+			n, _ := parseKeyed(b, key)
+			return int(n)
+		}
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return n
 	}
-	// RLIMIT_NPROC (same value, checked first by fork) or pids.max stops
-	// it, whichever is hit first.
-	last := 0
-	eventually(t, 10*time.Second, func() bool { last = current(); return last == 32 }, "the fork bomb to reach its pids limit of 32")
-	t.Logf("pids.current reached %d", last)
+	eventually(t, 10*time.Second, func() bool {
+		return read("pids.current", "") == 32 && read("pids.events", "max") > 0
+	}, "the fork bomb to reach pids.max = 32 and have forks refused")
 	for range 10 {
-		if n := current(); n > 32 {
+		if n := read("pids.current", ""); n > 32 {
 			t.Fatalf("pids.current = %d, above the limit of 32", n)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -354,8 +359,7 @@ while True:
 func TestKillRemovesTree(t *testing.T) {
 	m := newTestManager(t)
 	spec := shSpec("killtree", `sleep 1000 & sleep 1000 & (sleep 1000 &) ; echo ready; wait`)
-	s, out, _ := startCaptured(t, m, spec)
-	_ = out
+	s, _, _ := startCaptured(t, m, spec)
 	var pids []int
 	eventually(t, 10*time.Second, func() bool {
 		b, err := os.ReadFile(filepath.Join(s.cg.dir("pids"), "cgroup.procs"))
@@ -572,5 +576,134 @@ func TestStartRejects(t *testing.T) {
 				destroy(t, s)
 			}
 		})
+	}
+}
+
+// TestMinimumLimits checks that the smallest accepted limits leave the init
+// enough room to exec the program.
+func TestMinimumLimits(t *testing.T) {
+	m := newTestManager(t)
+	for i := range 5 {
+		spec := shSpec(fmt.Sprintf("min-%d", i), `echo ok`)
+		spec.Limits = Limits{MemoryMB: MinMemoryMB, Pids: MinPids, TmpMB: 1, NoFile: 16}
+		if o := runSandbox(t, m, spec); o.stdout != "ok\n" || o.status != (ExitStatus{}) {
+			t.Fatalf("got %q, %+v, stderr %q", o.stdout, o.status, o.stderr)
+		}
+	}
+}
+
+// TestConcurrentStarts starts sandboxes in parallel, each with its own
+// extra file, and checks that none sees another's descriptors.
+func TestConcurrentStarts(t *testing.T) {
+	m := newTestManager(t)
+	const n = 16
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			errs <- func() error {
+				r, w, err := os.Pipe()
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				spec := shSpec(fmt.Sprintf("conc-%d", i), fmt.Sprintf(`echo %d >&3; exec 3>&-; ls /proc/self/fd | wc -l`, i))
+				spec.ExtraFiles = []*os.File{w}
+				outR, outW, err := os.Pipe()
+				if err != nil {
+					return err
+				}
+				defer outR.Close()
+				spec.Stdout = outW
+				s, err := m.Start(context.Background(), spec)
+				w.Close()
+				outW.Close()
+				if err != nil {
+					return err
+				}
+				defer s.Destroy(context.Background())
+				got, _ := io.ReadAll(r)
+				out, _ := io.ReadAll(outR)
+				<-s.Done()
+				// ls sees 0-2 and its own directory fd.
+				if string(got) != fmt.Sprintf("%d\n", i) || strings.TrimSpace(string(out)) != "4" {
+					return fmt.Errorf("sandbox %d: fd 3 said %q, open fds %q", i, got, out)
+				}
+				return nil
+			}()
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestSharedUID checks that many instances of one function (one uid) run
+// side by side: per-instance limits must not be counted per uid.
+func TestSharedUID(t *testing.T) {
+	m := newTestManager(t)
+	uid := testUID()
+	for i := range 3 * MinPids {
+		spec := shSpec(fmt.Sprintf("shared-%d", i), "exec sleep 1000")
+		spec.UID, spec.GID = uid, uid
+		spec.Limits.Pids = MinPids
+		s, err := m.Start(context.Background(), spec)
+		if err != nil {
+			t.Fatalf("instance %d of uid %d: %v", i, uid, err)
+		}
+		t.Cleanup(func() { destroy(t, s) })
+	}
+}
+
+// TestWorkersLeaveEachOtherAlone checks the default CgroupName: a second
+// worker with another StateDir does not take the first one's instances for
+// stale, while a restart with the same StateDir does clean them up.
+func TestWorkersLeaveEachOtherAlone(t *testing.T) {
+	requireRoot(t)
+	cfgFor := func(stateDir string) Config {
+		cfg := Config{StateDir: stateDir}
+		if strings.HasPrefix(testConfig(t).CgroupName, "/") {
+			// cgroup v2 under `go test`: see testConfig.
+			cfg.CgroupName = "/" + defaultCgroupName(stateDir)
+		}
+		return cfg
+	}
+	newManager := func(cfg Config) *Manager {
+		m, err := NewManager(context.Background(), cfg, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := m.Close(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+		return m
+	}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := newManager(cfgFor(dirA))
+	s, err := a.Start(context.Background(), shSpec("worker-a", "exec sleep 1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newManager(cfgFor(dirB))
+	select {
+	case <-s.Done():
+		t.Fatal("a worker with another StateDir killed the first worker's instance")
+	case <-time.After(50 * time.Millisecond):
+	}
+	newManager(cfgFor(dirA)) // a restart of worker A
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a restarted worker did not kill its predecessor's instance")
+	}
+}
+
+func TestDefaultCgroupName(t *testing.T) {
+	a, b := defaultCgroupName("/var/lib/torpor/sandbox"), defaultCgroupName("/home/u/.torpor/sandbox")
+	if a != defaultCgroupName("/var/lib/torpor/sandbox") || a == b || !strings.HasPrefix(a, "torpor/") || !idRE.MatchString(strings.TrimPrefix(a, "torpor/")) {
+		t.Errorf("default names %q, %q", a, b)
 	}
 }

@@ -43,9 +43,15 @@ type Bind struct {
 type Limits struct {
 	MemoryMB  int // memory (and memory+swap) limit; 0 or >= MinMemoryMB
 	CPUShares int // relative CPU weight in cgroup v1 units (1024 = default), converted for v2 cpu.weight
-	Pids      int // max tasks (processes and threads) in the cgroup, also RLIMIT_NPROC; 0 or >= MinPids
+	Pids      int // max tasks (processes and threads) in the instance's cgroup; 0 or >= MinPids
 	TmpMB     int // size of the /tmp tmpfs; 0 means DefaultTmpMB
 	NoFile    int // RLIMIT_NOFILE; 0 means DefaultNoFile
+	// NProc is RLIMIT_NPROC, a second line of defence behind Pids; 0 leaves
+	// it unset. The kernel counts it per uid across the whole host, that
+	// is, across every instance of the function: set it to a bound for all
+	// of them (e.g. Pids times the function's instance limit), never to
+	// Pids, or the (NProc+1)th instance fails to exec with EAGAIN.
+	NProc int
 }
 
 // Spec describes one instance to start.
@@ -118,7 +124,7 @@ func (s *Spec) normalize() error {
 		}
 	}
 	l := &s.Limits
-	if l.MemoryMB < 0 || l.CPUShares < 0 || l.Pids < 0 || l.TmpMB < 0 || l.NoFile < 0 {
+	if l.MemoryMB < 0 || l.CPUShares < 0 || l.Pids < 0 || l.TmpMB < 0 || l.NoFile < 0 || l.NProc < 0 {
 		return bad("negative limit in %+v", *l)
 	}
 	if l.MemoryMB != 0 && l.MemoryMB < MinMemoryMB {

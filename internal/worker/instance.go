@@ -16,6 +16,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/agentproto"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/runtimes"
 )
 
 // instance is one sandboxed process running a function version's code.
@@ -67,7 +68,10 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 			{Source: codeDir, Target: "/var/task"},
 			{Source: w.agentDir, Target: "/opt/torpor"},
 		}, w.runtimeBinds...),
-		Argv:       []string{w.cfg.Python, "-I", "/opt/torpor/torpor_agent.py"},
+		// -I: the tenant's environment cannot change how Python starts; -S:
+		// no site-packages (dependencies ship in the code package, as on
+		// Lambda), which also saves ~40 ms per start.
+		Argv:       []string{w.cfg.Python, "-I", "-S", "-c", runtimes.PythonBootstrap, "/opt/torpor"},
 		Env:        instanceEnv(ver),
 		Dir:        "/var/task",
 		ExtraFiles: []*os.File{child},

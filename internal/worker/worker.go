@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -113,8 +114,8 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(w.agentDir, "torpor_agent.py"), runtimes.PythonAgent, 0o644); err != nil {
-		return nil, fmt.Errorf("worker: install python agent: %w", err)
+	if err := installAgent(w.agentDir, cfg.Python); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "code"), 0o700); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -123,6 +124,19 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 		w.runtimeBinds = append(w.runtimeBinds, sandbox.Bind{Source: cfg.PythonHome, Target: cfg.PythonHome})
 	}
 	return w, nil
+}
+
+// installAgent writes the Python agent out and precompiles it with the
+// instances' interpreter, so that no instance pays for compiling it.
+func installAgent(dir, python string) error {
+	path := filepath.Join(dir, runtimes.PythonAgentName)
+	if err := os.WriteFile(path, runtimes.PythonAgent, 0o644); err != nil {
+		return fmt.Errorf("install python agent: %w", err)
+	}
+	if out, err := exec.Command(python, "-I", "-m", "py_compile", path).CombinedOutput(); err != nil {
+		return fmt.Errorf("precompile python agent with %s: %v: %s", python, err, out)
+	}
+	return nil
 }
 
 func underUsr(p string) bool { return p == "/usr" || len(p) > 5 && p[:5] == "/usr/" }

@@ -1,8 +1,13 @@
 """torpor Python agent: runs Lambda-style Python handlers for a torpor worker.
 
-The worker starts this file (normally `python3 -S torpor_agent.py`) with one
-end of a Unix stream socketpair inherited on the fd named by TORPOR_AGENT_FD
-(default 3) and speaks the agent protocol on it: length-prefixed frames of
+The worker starts this file with one end of a Unix stream socketpair
+inherited on the fd named by TORPOR_AGENT_FD (default 3), either as a script
+(`python3 -S torpor_agent.py`) or, faster, by importing it so its bytecode
+comes from __pycache__ instead of being compiled on every start:
+
+    python3 -S -c "import sys;sys.path.insert(0,sys.argv[1]);import torpor_agent;torpor_agent.main()" DIR
+
+It speaks the agent protocol on the socket: length-prefixed frames of
 JSON header + raw body, specified in docs/agent-protocol.md. The agent owns
 only the Python side of that contract: importing the user's module, calling
 the handler, and capturing everything the process writes to fd 1 and 2.
@@ -23,7 +28,13 @@ PROTOCOL_VERSION = 1
 MAX_HEADER = 1 << 20  # bytes; a larger frame is a protocol error
 MAX_BODY = 16 << 20
 AGENT_FILE = __file__
+# Frames of this file are hidden from user tracebacks. Compare against the
+# code's own filename: __file__ differs when run from a .pyc.
+_CODE_FILE = (lambda: None).__code__.co_filename
 LOG_CHUNK = 65536
+DRAIN_LIMIT = 1 << 20  # bytes per pipe per drain
+MAX_ERROR_MESSAGE = 64 << 10  # characters; keeps an error header under MAX_HEADER
+MAX_TRACE_LINES = 100
 
 # Message types the protocol reserves for later versions; this agent answers
 # them with Protocol.NotSupported.
@@ -64,7 +75,14 @@ class _Fault(Exception):
         self.trace = trace or []
 
     def as_dict(self):
-        return {"errorMessage": self.msg, "errorType": self.etype, "stackTrace": self.trace}
+        msg, trace = self.msg, self.trace
+        if len(msg) > MAX_ERROR_MESSAGE:
+            msg = msg[:MAX_ERROR_MESSAGE] + "... [truncated %d characters]" % (len(msg) - MAX_ERROR_MESSAGE)
+        if len(trace) > MAX_TRACE_LINES:  # keep the outermost and the innermost frames
+            half = MAX_TRACE_LINES // 2
+            trace = trace[:half] + ["  ... %d frames omitted ...\n" % (len(trace) - 2 * half)] + trace[-half:]
+        trace = [t if len(t) <= 4096 else t[:4096] + "...\n" for t in trace]
+        return {"errorMessage": msg, "errorType": self.etype[:256], "stackTrace": trace}
 
 
 # ---------------------------------------------------------------- socket I/O
@@ -90,9 +108,9 @@ def _send(header, body=b""):
 def _send_raw(h, body=b""):
     """Send one frame whose header is already encoded JSON."""
     prefix = len(h).to_bytes(4, "big") + len(body).to_bytes(4, "big")
+    if _in_child:  # a fork of the agent must never speak on the worker's socket
+        os._exit(0)
     with _wlock:
-        if _in_child:
-            os._exit(0)
         try:
             if body:
                 _write_all([prefix + h, body])
@@ -152,6 +170,16 @@ def _send_log(stream, data):
 
 
 def _pump():
+    try:
+        _pump_loop()
+    except BaseException as e:
+        # Without the pump a call printing more than a pipe buffer would
+        # block forever: better to die and let the worker see it.
+        _diag_print("log pump failed, exiting: %r" % (e,))
+        os._exit(2)
+
+
+def _pump_loop():
     """Forward whatever arrives on the capture pipes as log frames.
 
     A chunk is read and sent under _plock, so once the main thread holds
@@ -204,7 +232,11 @@ def _drain():
         ready = _drain_poll.poll(0) if _drain_poll is not None else _pipes
         for fd, _ in ready:
             name = _pipe_names[fd]
-            while True:
+            # Whatever was written before the flush is at most a pipe
+            # buffer; the bound only stops a background writer from
+            # holding the result back forever.
+            left = DRAIN_LIMIT
+            while left > 0:
                 try:
                     data = os.read(fd, LOG_CHUNK)
                 except OSError:  # BlockingIOError: pipe is empty
@@ -212,6 +244,7 @@ def _drain():
                 if not data:
                     break
                 _send_log(name, data)
+                left -= len(data)
 
 
 def _setup_drain_poll():
@@ -330,7 +363,7 @@ def _frames(tb, skip_importlib):
 
     out = []
     for f in traceback.extract_tb(tb):
-        if f.filename == AGENT_FILE:
+        if f.filename == _CODE_FILE:
             continue
         if skip_importlib and f.filename.startswith("<frozen importlib"):
             continue
@@ -480,8 +513,10 @@ class LambdaContext:
 
 def _exit_now(e):
     """sys.exit() in user code ends the instance, as on Lambda."""
-    _drain()
     code = e.code
+    if _in_child:
+        os._exit(0 if code is None else code if type(code) is int else 1)
+    _drain()
     if code is None:
         code = 0
     elif type(code) is not int:
@@ -582,6 +617,7 @@ def main():
 
     _perf = _time.perf_counter
     _fd = int(os.environ.pop("TORPOR_AGENT_FD", "3"))
+    sys.argv[:] = [AGENT_FILE]  # not the bootstrap's -c arguments
     os.set_inheritable(_fd, False)  # exec'd children must not keep the worker's socket open
     _wlock = _thread.allocate_lock()
     _plock = _thread.allocate_lock()
