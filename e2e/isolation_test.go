@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -23,7 +24,15 @@ def handler(event, context):
 
 // spy tries everything a hostile tenant would; each probe reports what it got.
 const spySrc = `
-import os, ctypes, signal, glob
+import os, ctypes, signal, glob, socket
+def own_loopback():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    c = socket.create_connection(srv.getsockname(), timeout=2)
+    c.close()
+    srv.close()
+    return "ok"
 def probe(f):
     try:
         return "OK:" + str(f())
@@ -52,6 +61,8 @@ def handler(event, context):
         "write_etc": probe(lambda: write("/etc/evil")),
         "write_tmp": probe(lambda: write("/tmp/mine")),
         "proc_list": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "connect_gateway": probe(lambda: socket.create_connection(("127.0.0.1", event["gateway_port"]), timeout=2)),
+        "own_loopback": probe(own_loopback),
     }
     for pid in pids:
         out["kill_%d" % pid] = probe(lambda: os.kill(pid, signal.SIGKILL))
@@ -74,7 +85,9 @@ func TestIsolation(t *testing.T) {
 	if len(pids) == 0 {
 		t.Fatalf("no processes of victim uid %d found", ver.UID)
 	}
-	ev, _ := json.Marshal(map[string]any{"home": s.home, "pids": pids})
+	u, _ := url.Parse(s.endpoint)
+	port, _ := strconv.Atoi(u.Port())
+	ev, _ := json.Marshal(map[string]any{"home": s.home, "pids": pids, "gateway_port": port})
 	body := mustOK(t, s.invoke("spy", string(ev)))
 	var out map[string]any
 	if err := json.Unmarshal([]byte(body), &out); err != nil {
@@ -89,7 +102,7 @@ func TestIsolation(t *testing.T) {
 			if l, _ := v.([]any); len(l) > 5 {
 				t.Errorf("spy sees %d processes: %v", len(l), l)
 			}
-		case k == "write_tmp":
+		case k == "write_tmp" || k == "own_loopback":
 			if !strings.HasPrefix(str, "OK") {
 				t.Errorf("%s: %s (its own /tmp must be writable)", k, str)
 			}

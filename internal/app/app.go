@@ -85,7 +85,8 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			return fmt.Errorf("sandboxes: %w", err)
 		}
 		w, err = worker.New(worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
-			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB},
+			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
+			HostNetwork: cfg.SandboxNetwork == "host"},
 			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))
 		if err != nil {
 			return err

@@ -60,19 +60,19 @@ func TestCall(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []byte
+			events := make(chan string, 1)
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" {
 					t.Errorf("%s with Content-Type %q, want a JSON POST", r.Method, r.Header.Get("Content-Type"))
 				}
 				buf := make([]byte, 16)
 				n, _ := r.Body.Read(buf)
-				got = buf[:n]
+				events <- string(buf[:n])
 				tc.handler(w, r)
 			}))
 			t.Cleanup(srv.Close)
 			r := call(context.Background(), newHTTPClient(1), target{url: srv.URL, torpor: tc.torpor})
-			if string(got) != "{}" {
+			if got := <-events; got != "{}" {
 				t.Errorf("event %q, want {}", got)
 			}
 			switch {

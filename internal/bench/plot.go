@@ -58,7 +58,7 @@ const (
 	marginL    = 70
 	marginR    = 20
 	marginT    = 36
-	marginB    = 56
+	marginB    = 48 // tick labels and axis label; the legend comes below
 )
 
 var (
@@ -86,7 +86,7 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	}
 	img := image.NewRGBA(image.Rect(0, 0, PlotWidth, PlotHeight))
 	draw.Draw(img, img.Bounds(), image.NewUniform(whiteFill), image.Point{}, draw.Src)
-	p := &plotter{img: img, left: marginL, right: PlotWidth - marginR, top: marginT, bottom: PlotHeight - marginB}
+	p := &plotter{img: img, left: marginL, right: PlotWidth - marginR, top: marginT, bottom: PlotHeight - marginB - legendHeight(len(lines))}
 	p.xlo, p.xhi = axisRange(float64(max(lo, 1))/1000, float64(hi)/1000)
 
 	// Grid and tick labels.
@@ -143,9 +143,9 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	p.text((PlotWidth-textWidth(title))/2, 22, title, black)
 	p.text((PlotWidth-textWidth(title))/2+1, 22, title, black) // poor man's bold
 	xl := "latency (ms, log scale)"
-	p.text((p.left+p.right-textWidth(xl))/2, PlotHeight-14, xl, black)
+	p.text((p.left+p.right-textWidth(xl))/2, p.bottom+36, xl, black)
 	p.vtext(16, (p.top+p.bottom)/2, "fraction of calls <= latency", black)
-	p.legend(lines)
+	p.legend(lines, p.bottom+marginB)
 
 	if err := png.Encode(w, img); err != nil {
 		return fmt.Errorf("plot: encode png: %w", err)
@@ -331,26 +331,42 @@ func (p *plotter) vtext(x, cy int, s string, c color.RGBA) {
 	}
 }
 
-// legend draws a boxed key in the lower right of the plot area, where a
-// CDF plot is always empty (every curve has risen by the largest latencies).
-func (p *plotter) legend(lines []PlotLine) {
-	const rowH, sample, pad = 17, 36, 8
-	maxW := 0
-	for _, l := range lines {
-		maxW = max(maxW, textWidth(l.Label))
+// Legend geometry: the key sits under the x axis, in two columns, because
+// no corner of a CDF plot stays empty for every run: at high concurrency
+// the curves cross the lower right, where a key usually goes.
+const (
+	legendRowH   = 17
+	legendSample = 36
+	legendCols   = 2
+)
+
+func legendRows(n int) int { return (n + legendCols - 1) / legendCols }
+
+// legendHeight is the height the key of n lines takes below the axis label.
+func legendHeight(n int) int {
+	if n == 0 {
+		return 0
 	}
-	w := pad + sample + 8 + maxW + pad
-	h := pad + rowH*len(lines) + pad/2
-	x0, y0 := p.right-10-w, p.bottom-10-h
-	draw.Draw(p.img, image.Rect(x0, y0, x0+w, y0+h), image.NewUniform(whiteFill), image.Point{}, draw.Src)
-	p.rect(x0, y0, x0+w, y0+h, markGrey)
+	return legendRows(n)*legendRowH + 8
+}
+
+// legend draws the key of lines, column by column, so that lines measured
+// at one concurrency (consecutive in lines) share a column.
+func (p *plotter) legend(lines []PlotLine, y0 int) {
+	rows := legendRows(len(lines))
+	colW := (p.right - p.left) / legendCols
 	for i, l := range lines {
 		c := l.Color
 		if c == (color.RGBA{}) {
 			c = Palette[i%len(Palette)]
 		}
-		y := y0 + pad + rowH*i + rowH/2
-		p.line(x0+pad, y, x0+pad+sample, y, c, 2, l.Dash)
-		p.text(x0+pad+sample+8, y+4, l.Label, black)
+		x := p.left + (i/rows)*colW
+		y := y0 + (i%rows)*legendRowH + legendRowH/2
+		p.line(x, y, x+legendSample, y, c, 2, l.Dash)
+		label := l.Label
+		if max := (colW - legendSample - 16) / face.Advance; len(label) > max {
+			label = label[:max]
+		}
+		p.text(x+legendSample+8, y+4, label, black)
 	}
 }

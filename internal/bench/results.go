@@ -80,7 +80,7 @@ func warmPlotLines(rep *WarmReport) []PlotLine {
 	var lines []PlotLine
 	for _, s := range rep.Results {
 		lines = append(lines, PlotLine{
-			Label:       fmt.Sprintf("%-20s c=%-2d p50 %s  p99 %s ms", s.Series, s.Concurrency, ms(s.P50US), ms(s.P99US)),
+			Label:       fmt.Sprintf("%-20s c=%-2d p50 %-5s p99 %s ms", s.Series, s.Concurrency, ms3(s.P50US), ms3(s.P99US)),
 			LatenciesUS: s.LatenciesUS,
 			Color:       seriesColor[s.Series],
 			Dash:        dash[s.Concurrency],
@@ -108,4 +108,20 @@ func shortCPU(s string) string {
 		s = s[:i]
 	}
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// ms3 formats microseconds as milliseconds with about three significant
+// digits, to keep legend labels short.
+func ms3(us int64) string {
+	v := float64(us) / 1000
+	prec := 3
+	switch {
+	case v >= 100:
+		prec = 0
+	case v >= 10:
+		prec = 1
+	case v >= 1:
+		prec = 2
+	}
+	return strconv.FormatFloat(v, 'f', prec, 64)
 }

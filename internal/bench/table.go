@@ -11,8 +11,13 @@ import (
 // concurrency with ratios to the baseline, then torpor's own account of
 // where the time of a median call went (Server-Timing), then failures.
 func PrintWarmTable(w io.Writer, rep *WarmReport) {
+	wide := len("series")
+	for _, s := range rep.Results {
+		wide = max(wide, len(s.Series))
+	}
+	name := func(s string) string { return fmt.Sprintf("%-*s", wide, s) } // left-aligned in a right-aligned table
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "series\tc\tn\tfailed\thot\tp50 ms\tp90 ms\tp99 ms\tmax ms\tmean ms\tcalls/s\tp50/base\tp99/base\t")
+	fmt.Fprintf(tw, "%s\tc\tn\tfailed\thot\tp50 ms\tp90 ms\tp99 ms\tmax ms\tmean ms\tcalls/s\tp50/base\tp99/base\t\n", name("series"))
 	for _, s := range rep.Results {
 		hot, r50, r99 := "-", "-", "-"
 		if s.Series != SeriesBaseline {
@@ -20,14 +25,14 @@ func PrintWarmTable(w io.Writer, rep *WarmReport) {
 			r50, r99 = ratio(s.RatioP50), ratio(s.RatioP99)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.0f\t%s\t%s\t\n",
-			s.Series, s.Concurrency, s.N, s.Failures, hot, ms(s.P50US), ms(s.P90US), ms(s.P99US), ms(s.MaxUS),
+			name(s.Series), s.Concurrency, s.N, s.Failures, hot, ms(s.P50US), ms(s.P90US), ms(s.P99US), ms(s.MaxUS),
 			s.MeanUS/1000, s.Throughput, r50, r99)
 	}
 	tw.Flush()
 
 	fmt.Fprintln(w, "\ntorpor's Server-Timing of the same calls, p50 in ms (rest = client latency - start - handler: HTTP, gateway, dispatch, agent protocol):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "series\tc\tlatency\tstart\thandler\trest\t")
+	fmt.Fprintf(tw, "%s\tc\tlatency\tstart\thandler\trest\t\n", name("series"))
 	for _, s := range rep.Results {
 		if len(s.ServerHandlerUS) == 0 {
 			continue
@@ -40,7 +45,7 @@ func PrintWarmTable(w io.Writer, rep *WarmReport) {
 			}
 			rest = ms(Percentile(r, 50))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", s.Series, s.Concurrency, ms(s.P50US),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", name(s.Series), s.Concurrency, ms(s.P50US),
 			ms(Percentile(s.ServerStartUS, 50)), ms(Percentile(s.ServerHandlerUS, 50)), rest)
 	}
 	tw.Flush()

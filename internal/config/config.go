@@ -34,6 +34,9 @@ type Config struct {
 	AsyncSlots int
 	PidsLimit  int
 	TmpMB      int
+	// SandboxNetwork is "none" (each instance in its own network namespace
+	// with only loopback) or "host" (share the host's: trusted tenants only).
+	SandboxNetwork string
 }
 
 // Default returns the defaults, overlaid with TORPOR_* environment variables.
@@ -51,7 +54,7 @@ func Default() Config {
 		Home: home, Listen: "127.0.0.1:8080", LogLevel: "info",
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
-		PidsLimit: 128, TmpMB: 512,
+		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none",
 	}
 	env := map[string]*string{
 		"TORPOR_LISTEN": &c.Listen, "TORPOR_LOG_LEVEL": &c.LogLevel, "TORPOR_NATS": &c.NATSURL,
@@ -94,6 +97,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TmpMB < 1 {
 		errs = append(errs, fmt.Errorf("--tmp-mb %d: use at least 1", c.TmpMB))
+	}
+	if c.SandboxNetwork != "none" && c.SandboxNetwork != "host" {
+		errs = append(errs, fmt.Errorf("--sandbox-network %q: use none (isolated, the default) or host (trusted tenants only)", c.SandboxNetwork))
 	}
 	if c.WorkerID == "" {
 		errs = append(errs, errors.New("--worker-id is empty"))

@@ -35,6 +35,7 @@ type initConfig struct {
 	TmpMB       int
 	NProc       int
 	NoFile      int
+	OwnNetwork  bool // in a new network namespace: bring its loopback up
 }
 
 // initFailure is what the init writes to its status pipe when it fails.
@@ -123,6 +124,11 @@ func runInit(statusFD *int) error {
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return step("sethostname", err)
 	}
+	if cfg.OwnNetwork {
+		if err := loopbackUp(); err != nil {
+			return step("loopback up", err)
+		}
+	}
 	if err := setRlimits(&cfg); err != nil {
 		return step("setrlimit", err)
 	}
@@ -205,4 +211,22 @@ func dropPrivileges(uid, gid int) error {
 		return step("pdeathsig", err)
 	}
 	return nil
+}
+
+// loopbackUp brings up lo, the only interface of a new network namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }

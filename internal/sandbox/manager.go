@@ -233,6 +233,7 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		TmpMB:       spec.Limits.TmpMB,
 		NProc:       spec.Limits.NProc,
 		NoFile:      spec.Limits.NoFile,
+		OwnNetwork:  !spec.HostNetwork,
 	})
 	if err != nil {
 		cleanup()
@@ -260,7 +261,7 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		Env:        []string{"GOMAXPROCS=1", "GOGC=off"},
 		ExtraFiles: append(slices.Clip(spec.ExtraFiles), cfgR, statusW),
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+			Cloneflags: cloneFlags(spec.HostNetwork),
 			// Until the init changes uid (which clears it and so sets it again).
 			Pdeathsig: syscall.SIGKILL,
 		},
@@ -399,4 +400,13 @@ func (e *InitError) Is(target error) bool {
 
 func (e *InitError) isSpecProblem() bool {
 	return e.Step == "exec" || e.Step == "chdir" || strings.HasPrefix(e.Step, "bind ")
+}
+
+// cloneFlags are the namespaces a new instance gets.
+func cloneFlags(hostNetwork bool) uintptr {
+	f := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
+	if !hostNetwork {
+		f |= syscall.CLONE_NEWNET
+	}
+	return f
 }

@@ -70,6 +70,23 @@ grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status`,
 			},
 		},
 		{
+			// Its own network namespace: only an up loopback, so host
+			// services bound to 127.0.0.1 are out of reach.
+			name:   "own network namespace",
+			script: `awk 'NR>2 {sub(":","",$1); print $1}' /proc/net/dev`,
+			check:  wantOut("lo\n"),
+		},
+		{
+			name:   "host network when asked",
+			spec:   func(s *Spec) { s.HostNetwork = true },
+			script: `awk 'NR>2 {sub(":","",$1); print $1}' /proc/net/dev | sort | tr '\n' ' '`,
+			check: func(t *testing.T, _ Spec, out string) {
+				if out == "lo " {
+					t.Errorf("HostNetwork: sandbox sees only %q", out)
+				}
+			},
+		},
+		{
 			name:   "pid 1",
 			script: `echo $$; cat /proc/1/cmdline | tr '\0' ' '`,
 			check: func(t *testing.T, s Spec, out string) {
@@ -703,7 +720,7 @@ func TestWorkersLeaveEachOtherAlone(t *testing.T) {
 
 func TestDefaultCgroupName(t *testing.T) {
 	a, b := defaultCgroupName("/var/lib/torpor/sandbox"), defaultCgroupName("/home/u/.torpor/sandbox")
-	if a != defaultCgroupName("/var/lib/torpor/sandbox") || a == b || !strings.HasPrefix(a, "torpor/") || !idRE.MatchString(strings.TrimPrefix(a, "torpor/")) {
+	if a != defaultCgroupName("/var/lib/torpor/sandbox") || a == b || !strings.HasPrefix(a, "torpor/") || !validID(strings.TrimPrefix(a, "torpor/")) {
 		t.Errorf("default names %q, %q", a, b)
 	}
 }

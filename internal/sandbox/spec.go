@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path"
-	"regexp"
 	"strings"
 	"syscall"
 
@@ -29,7 +28,20 @@ const (
 	devShmMB = 16
 )
 
-var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+// validID reports whether id matches ^[a-z0-9][a-z0-9-]{0,63}$. It is not a
+// package-level regexp because package initialisation runs again in every
+// sandbox init (the worker binary), on the cold-start path.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
 
 // Bind makes a host path visible inside the sandbox.
 type Bind struct {
@@ -71,6 +83,11 @@ type Spec struct {
 	ExtraFiles     []*os.File
 	Stdout, Stderr *os.File // nil means /dev/null
 	Limits         Limits
+	// HostNetwork shares the host's network namespace. By default an
+	// instance gets its own, with only a loopback interface: it cannot
+	// reach the gateway, NATS or any other instance's sockets, on loopback
+	// or otherwise.
+	HostNetwork bool
 }
 
 // ExitStatus is how an instance's init (pid 1 in its PID namespace) ended.
@@ -92,7 +109,7 @@ func (s *Spec) normalize() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("sandbox spec %q: %s: %w", s.ID, fmt.Sprintf(format, a...), errdefs.ErrInvalid)
 	}
-	if !idRE.MatchString(s.ID) {
+	if !validID(s.ID) {
 		return bad("id must be 1-64 characters from [a-z0-9-], starting with a letter or digit")
 	}
 	if s.UID <= 0 || s.GID <= 0 {

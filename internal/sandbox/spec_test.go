@@ -26,6 +26,8 @@ func TestSpecNormalize(t *testing.T) {
 		{"id with slash", func(s *Spec) { s.ID = "../x" }, "id must be"},
 		{"upper-case id", func(s *Spec) { s.ID = "Fn" }, "id must be"},
 		{"id too long", func(s *Spec) { s.ID = strings.Repeat("a", 65) }, "id must be"},
+		{"id starting with a dash", func(s *Spec) { s.ID = "-a" }, "id must be"},
+		{"longest id", func(s *Spec) { s.ID = strings.Repeat("a", 64) }, ""},
 		{"no argv", func(s *Spec) { s.Argv = nil }, "argv[0]"},
 		{"relative argv0", func(s *Spec) { s.Argv = []string{"python3"} }, "argv[0]"},
 		{"relative dir", func(s *Spec) { s.Dir = "task" }, "dir"},

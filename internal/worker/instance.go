@@ -71,10 +71,11 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 		// -I: the tenant's environment cannot change how Python starts; -S:
 		// no site-packages (dependencies ship in the code package, as on
 		// Lambda), which also saves ~40 ms per start.
-		Argv:       []string{w.cfg.Python, "-I", "-S", "-c", runtimes.PythonBootstrap, "/opt/torpor"},
-		Env:        instanceEnv(ver),
-		Dir:        "/var/task",
-		ExtraFiles: []*os.File{child},
+		Argv:        []string{w.cfg.Python, "-I", "-S", "-c", runtimes.PythonBootstrap, "/opt/torpor"},
+		Env:         instanceEnv(ver),
+		Dir:         "/var/task",
+		ExtraFiles:  []*os.File{child},
+		HostNetwork: w.cfg.HostNetwork,
 		Limits: sandbox.Limits{
 			MemoryMB:  ver.MemoryMB,
 			CPUShares: cpuShares(ver.MemoryMB),

@@ -50,6 +50,7 @@ type Config struct {
 	InitTimeout time.Duration // interpreter start + code import
 	PidsLimit   int
 	TmpMB       int
+	HostNetwork bool // share the host's network namespace (trusted tenants only)
 }
 
 func (c *Config) defaults() {

@@ -610,6 +610,18 @@ def _after_fork_in_child():
         pass
 
 
+def _reap():
+    """Collect exited children after a call. A handler's own subprocess
+    objects cope: subprocess treats an already-reaped child as exited."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def main():
     global _fd, _wlock, _plock, _time, _perf
     import _thread
@@ -636,6 +648,9 @@ def main():
     _setup_drain_poll()
     _thread.start_new_thread(_pump, ())
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    # As pid 1 of its sandbox the agent inherits every orphaned process;
+    # unreaped, their zombies would use up the instance's pids limit.
+    reaper = os.getpid() == 1
     while True:
         try:
             h, body = _read_frame()
@@ -655,6 +670,8 @@ def main():
             _diag_print("internal error handling %r: %r" % (h.get("type"), e))
             f = _Fault("Runtime.AgentError", "torpor agent internal error: %s" % _exc_message(e))
             _send({"type": "error", "id": h.get("id") or "", "error": f.as_dict()})
+        if reaper:
+            _reap()
 
 
 _time = None
