@@ -248,3 +248,33 @@ func TestConcurrencyLimit(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMemoryBudget: a worker never starts instances whose memory limits add
+// up to more than its budget. Idle instances make room; when every instance
+// is busy, a sync call is throttled; a function bigger than the budget is
+// refused at deploy.
+func TestMemoryBudget(t *testing.T) {
+	s := startServer(t, "--memory-budget", "256")
+	src := "import time\ndef handler(e, c):\n    time.sleep(e)\n    return 'ok'\n"
+	for _, fn := range []string{"a", "b", "c"} {
+		s.deploy(fn, src, deployOpts{MemoryMB: 128, TimeoutS: 10})
+	}
+	for _, fn := range []string{"a", "b", "c", "a"} {
+		mustOK(t, s.invoke(fn, `0`))
+	}
+	var wg sync.WaitGroup
+	for _, fn := range []string{"a", "b"} {
+		wg.Add(1)
+		go func() { defer wg.Done(); mustOK(t, s.invoke(fn, `2.5`)) }()
+	}
+	time.Sleep(700 * time.Millisecond)
+	if r := s.invoke("c", `0`); r.Status != 429 || !strings.Contains(r.Body, "memory budget") {
+		t.Errorf("call while the budget is all busy: %d %s", r.Status, r.Body)
+	}
+	wg.Wait()
+	mustOK(t, s.invoke("c", `0`))
+	code, body := s.deployZip("big", zipFiles(t, map[string]string{"app.py": src}), deployOpts{MemoryMB: 512})
+	if code != 400 || !strings.Contains(body, "memory budget") {
+		t.Errorf("deploy above the budget: %d %s", code, body)
+	}
+}

@@ -58,6 +58,8 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		f.IntVar(&cfg.AsyncSlots, "async-slots", cfg.AsyncSlots, "async calls run in parallel (0 = 4 per CPU)")
 		f.IntVar(&cfg.PidsLimit, "pids-limit", cfg.PidsLimit, "processes per instance")
 		f.IntVar(&cfg.TmpMB, "tmp-mb", cfg.TmpMB, "size of each instance's /tmp in MB")
+		f.IntVar(&cfg.MemoryBudgetMB, "memory-budget", cfg.MemoryBudgetMB,
+			"MB of memory limits this worker's live instances may add up to (0 = 3/4 of the machine)")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,
 			"none: each instance has its own network namespace with only loopback; host: share the host's (trusted tenants only)")
 	}

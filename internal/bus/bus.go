@@ -250,8 +250,16 @@ func (b *Bus) declare(ctx context.Context) error {
 
 // Close drains the connection and stops the embedded server.
 func (b *Bus) Close() {
+	if b.JS != nil {
+		// Log batches are published without waiting; let them land.
+		select {
+		case <-b.JS.PublishAsyncComplete():
+		case <-time.After(5 * time.Second):
+			b.log.Warn("closing with unacknowledged log publishes")
+		}
+	}
 	if b.NC != nil {
-		_ = b.NC.Drain()
+		_ = b.NC.Flush()
 		b.NC.Close()
 	}
 	if b.srv != nil {

@@ -37,6 +37,9 @@ type Config struct {
 	// SandboxNetwork is "none" (each instance in its own network namespace
 	// with only loopback) or "host" (share the host's: trusted tenants only).
 	SandboxNetwork string
+	// MemoryBudgetMB caps the summed memory limits of a worker's live
+	// instances (0: three quarters of the machine's memory).
+	MemoryBudgetMB int
 }
 
 // Default returns the defaults, overlaid with TORPOR_* environment variables.
@@ -97,6 +100,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TmpMB < 1 {
 		errs = append(errs, fmt.Errorf("--tmp-mb %d: use at least 1", c.TmpMB))
+	}
+	if c.MemoryBudgetMB < 0 {
+		errs = append(errs, fmt.Errorf("--memory-budget %d: use 0 (automatic) or a size in MB", c.MemoryBudgetMB))
 	}
 	if c.SandboxNetwork != "none" && c.SandboxNetwork != "host" {
 		errs = append(errs, fmt.Errorf("--sandbox-network %q: use none (isolated, the default) or host (trusted tenants only)", c.SandboxNetwork))

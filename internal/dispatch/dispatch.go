@@ -74,14 +74,8 @@ func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []b
 	// so that an invoke right after the deploy runs it.
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	for {
-		got, err := d.reg.ResolveWait(wctx, ver.Name, 0)
-		if err != nil || got.Version >= ver.Version {
-			break
-		}
-		if wctx.Err() != nil {
-			break
-		}
+	if err := d.reg.WaitVersion(wctx, ver.Name, ver.Version); err != nil {
+		d.log.Warn("deployed version not yet visible to this gateway", "fn", ver.Name, "version", ver.Version, "err", err)
 	}
 	d.log.Info("deployed", "fn", ver.Name, "version", ver.Version, "code", digest[:12])
 	return ver, nil

@@ -148,6 +148,25 @@ func (r *Registry) ResolveWait(ctx context.Context, name string, v int) (functio
 	}
 }
 
+// WaitVersion waits until this cache shows version v (or a later one) of
+// name as the latest, or ctx ends.
+func (r *Registry) WaitVersion(ctx context.Context, name string, v int) error {
+	for {
+		r.mu.RLock()
+		ch := r.changed
+		cur, ok := r.latest[name]
+		r.mu.RUnlock()
+		if ok && cur.Version >= v {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("version %d of %s not visible yet: %w", v, name, ctx.Err())
+		}
+	}
+}
+
 // Functions lists the latest version of every function, by name.
 func (r *Registry) Functions() []function.Version {
 	r.mu.RLock()

@@ -24,7 +24,7 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	created := time.Now().UTC()
-	res, err := w.execute(ctx, req, w.cfg.QueueWait)
+	res, closeLog, err := w.execute(ctx, req, w.cfg.QueueWait)
 	if err != nil {
 		w.log.Warn("call failed", "fn", req.Function, "call", req.CallID, "err", err)
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
@@ -33,6 +33,7 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 	if err := m.RespondMsg(callmsg.Reply(res)); err != nil {
 		w.log.Warn("reply lost", "fn", req.Function, "call", req.CallID, "err", err)
 	}
+	closeLog()
 	w.record(function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync",
 		CreatedAt: created}, res, created)
 }
@@ -95,8 +96,13 @@ func (w *Worker) handleValidate(ctx context.Context, m *nats.Msg) {
 		_ = m.RespondMsg(callmsg.ErrorReply(errdefs.Invalid("malformed validation request: " + err.Error())))
 		return
 	}
+	if err := w.reserve(ctx, ver.MemoryMB, w.cfg.QueueWait); err != nil {
+		_ = m.RespondMsg(callmsg.ErrorReply(err))
+		return
+	}
 	in, err := w.spawn(ctx, ver)
 	if err != nil {
+		w.unreserve(ver.MemoryMB)
 		var ie *agentproto.InitError
 		if errors.As(err, &ie) {
 			fe := ie.Err
@@ -200,7 +206,8 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 			}
 		}
 	}()
-	res, err := w.execute(ctx, req, 0)
+	res, closeLog, err := w.execute(ctx, req, 0)
+	closeLog()
 	stopHB()
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {

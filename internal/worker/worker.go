@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,9 @@ type Config struct {
 	PidsLimit   int
 	TmpMB       int
 	HostNetwork bool // share the host's network namespace (trusted tenants only)
+	// MemoryBudgetMB caps the sum of the memory limits of live instances;
+	// 0 means three quarters of the machine's memory.
+	MemoryBudgetMB int
 }
 
 func (c *Config) defaults() {
@@ -75,6 +79,23 @@ func (c *Config) defaults() {
 	if c.TmpMB == 0 {
 		c.TmpMB = 512
 	}
+	if c.MemoryBudgetMB == 0 {
+		c.MemoryBudgetMB = int(totalMemoryMB() * 3 / 4)
+	}
+}
+
+// totalMemoryMB reads MemTotal from /proc/meminfo (4 GB if unreadable).
+func totalMemoryMB() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err == nil {
+		var kb int64
+		for _, line := range strings.Split(string(b), "\n") {
+			if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return 4096
 }
 
 // Worker runs calls on sandboxed instances.
@@ -92,9 +113,11 @@ type Worker struct {
 	extract      singleflight.Group
 	extractZip   func(ctx context.Context, zip []byte, dir string) error
 
-	mu    sync.Mutex
-	idle  map[string][]*instance // by pool key, most recently used last
-	slots map[string]chan struct{}
+	mu         sync.Mutex
+	idle       map[string][]*instance // by pool key, most recently used last
+	slots      map[string]chan struct{}
+	liveMB     int           // memory limits of live instances, reserved against MemoryBudgetMB
+	capChanged chan struct{} // closed and replaced whenever liveMB drops
 
 	records chan function.Call
 	subs    []*nats.Subscription
@@ -110,6 +133,7 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 	}
 	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, calls: calls, sandboxes: sb, metrics: m,
 		idle: map[string][]*instance{}, slots: map[string]chan struct{}{}, records: make(chan function.Call, 4096),
+		capChanged: make(chan struct{}),
 		extractZip: codezip.Extract}
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
@@ -210,7 +234,7 @@ func (w *Worker) Close(ctx context.Context) {
 func poolKey(name string, version int) string { return name + "@" + strconv.Itoa(version) }
 
 // acquire returns an instance of ver: an idle one (hot) or a new one (cold).
-func (w *Worker) acquire(ctx context.Context, ver function.Version) (*instance, string, error) {
+func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Duration) (*instance, string, error) {
 	key := poolKey(ver.Name, ver.Version)
 	for {
 		w.mu.Lock()
@@ -221,16 +245,106 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version) (*instance, 
 			w.mu.Unlock()
 			w.metrics.instances.WithLabelValues("idle").Dec()
 			if !in.alive() {
-				w.destroy(in)
-				w.metrics.instances.WithLabelValues("live").Dec()
+				w.retire(in)
 				continue
 			}
 			return in, function.StartHot, nil
 		}
 		w.mu.Unlock()
+		if err := w.reserve(ctx, ver.MemoryMB, wait); err != nil {
+			return nil, function.StartCold, err
+		}
 		in, err := w.spawn(ctx, ver)
+		if err != nil {
+			w.unreserve(ver.MemoryMB)
+		}
 		return in, function.StartCold, err
 	}
+}
+
+// reserve admits a new instance of mb MB against the worker's memory budget.
+// When the budget is used up it stops idle instances, least recently used
+// first; when only busy instances remain it waits for one to go, at most
+// wait (0: as long as ctx allows).
+func (w *Worker) reserve(ctx context.Context, mb int, wait time.Duration) error {
+	if mb > w.cfg.MemoryBudgetMB {
+		return errdefs.Invalid(fmt.Sprintf("the function's memory limit of %d MB exceeds this worker's memory budget of %d MB", mb, w.cfg.MemoryBudgetMB))
+	}
+	var timeout <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for {
+		w.mu.Lock()
+		victims := w.evictIdleLocked(w.liveMB + mb - w.cfg.MemoryBudgetMB)
+		fits := w.liveMB+mb <= w.cfg.MemoryBudgetMB
+		if fits {
+			w.liveMB += mb
+		}
+		ch := w.capChanged
+		w.mu.Unlock()
+		for _, in := range victims {
+			w.metrics.instances.WithLabelValues("idle").Dec()
+			w.metrics.instances.WithLabelValues("live").Dec()
+			w.destroy(in)
+		}
+		if fits {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return fmt.Errorf("worker %s is at its memory budget of %d MB with every instance busy: retry later: %w",
+				w.cfg.ID, w.cfg.MemoryBudgetMB, errdefs.ErrThrottled)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// unreserve returns an instance's memory to the budget.
+func (w *Worker) unreserve(mb int) {
+	w.mu.Lock()
+	w.liveMB -= mb
+	close(w.capChanged)
+	w.capChanged = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// evictIdleLocked takes idle instances, least recently used first, until
+// their memory limits add up to need MB, and returns them (w.mu held).
+func (w *Worker) evictIdleLocked(need int) []*instance {
+	if need <= 0 {
+		return nil
+	}
+	var all []*instance
+	for _, l := range w.idle {
+		all = append(all, l...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].lastUsed.Before(all[j].lastUsed) })
+	var victims []*instance
+	for _, in := range all {
+		if need <= 0 {
+			break
+		}
+		key := poolKey(in.ver.Name, in.ver.Version)
+		list := w.idle[key]
+		for i, x := range list {
+			if x == in {
+				w.idle[key] = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(w.idle[key]) == 0 {
+			delete(w.idle, key)
+		}
+		need -= in.ver.MemoryMB
+		w.liveMB -= in.ver.MemoryMB
+		victims = append(victims, in)
+	}
+	return victims
 }
 
 // release parks a healthy instance for reuse.
@@ -246,6 +360,7 @@ func (w *Worker) release(in *instance) {
 // retire stops an instance that must not be reused.
 func (w *Worker) retire(in *instance) {
 	w.metrics.instances.WithLabelValues("live").Dec()
+	w.unreserve(in.ver.MemoryMB)
 	w.destroy(in)
 }
 
@@ -279,23 +394,24 @@ func (w *Worker) slot(ctx context.Context, ver function.Version, wait time.Durat
 }
 
 // execute runs one call. A handler failure is a result with Err set; an
-// error means the platform could not run the call.
-func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueWait time.Duration) (function.InvokeResult, error) {
+// error means the platform could not run the call. The caller runs the
+// returned func once it has replied: it completes and publishes the call's log.
+func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueWait time.Duration) (function.InvokeResult, func(), error) {
 	res := function.InvokeResult{CallID: req.CallID, Version: req.Version}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	ver, err := w.reg.ResolveWait(rctx, req.Function, req.Version)
 	cancel()
 	if err != nil {
-		return res, err
+		return res, noop, err
 	}
 	release, err := w.slot(ctx, ver, queueWait)
 	if err != nil {
-		return res, err
+		return res, noop, err
 	}
 	defer release()
 
 	t0 := time.Now()
-	in, start, err := w.acquire(ctx, ver)
+	in, start, err := w.acquire(ctx, ver, queueWait)
 	res.Start = start
 	res.StartTime = time.Since(t0)
 	w.metrics.starts.WithLabelValues(start).Observe(res.StartTime.Seconds())
@@ -307,9 +423,9 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 			res.Err = &fe
 			logs.finish(res, 0)
 			w.publishLogs(logs)
-			return res, nil
+			return res, noop, nil
 		}
-		return res, err
+		return res, noop, err
 	}
 	if len(in.initLogs) > 0 {
 		for _, r := range in.initLogs {
@@ -329,7 +445,7 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 		w.release(in)
 	case ctx.Err() != nil:
 		w.retire(in)
-		return res, fmt.Errorf("call %s abandoned: %w", req.CallID, ctx.Err())
+		return res, noop, fmt.Errorf("call %s abandoned: %w", req.CallID, ctx.Err())
 	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(deadline):
 		w.retire(in)
 		res.Err = &function.Error{ErrorType: "Sandbox.Timedout",
@@ -341,17 +457,26 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 		}
 		w.retire(in)
 	}
-	var peak uint64
-	if st, err := in.sb.Stats(); err == nil {
-		peak = st.MaxMemoryBytes
+	// The REPORT line's memory figure and the log publish cost tens of
+	// microseconds: unless the caller wants the log tail now, they happen
+	// after the reply.
+	closeLog := func() {
+		var peak uint64
+		if st, err := in.sb.Stats(); err == nil {
+			peak = st.MaxMemoryBytes
+		}
+		logs.finish(res, peak)
+		w.publishLogs(logs)
 	}
-	logs.finish(res, peak)
 	if req.LogTail {
+		closeLog()
 		res.LogTail = logs.tail(4096)
+		return res, noop, nil
 	}
-	w.publishLogs(logs)
-	return res, nil
+	return res, closeLog, nil
 }
+
+func noop() {}
 
 // reaper stops instances idle past the TTL, instances of superseded versions,
 // and the least recently used ones beyond MaxIdle.
@@ -370,8 +495,10 @@ func (w *Worker) reaper(ctx context.Context) {
 		for key, list := range w.idle {
 			var keep []*instance
 			for _, in := range list {
+				// Superseded (or deleted) versions go after a grace period,
+				// which also covers a validated version not yet committed.
 				latest, err := w.reg.Resolve(in.ver.Name, 0)
-				stale := err != nil || latest.Version != in.ver.Version && now.Sub(in.lastUsed) > 30*time.Second
+				stale := (err != nil || latest.Version > in.ver.Version) && now.Sub(in.lastUsed) > 30*time.Second
 				if stale || now.Sub(in.lastUsed) > w.cfg.IdleTTL || !in.alive() {
 					victims = append(victims, in)
 				} else {
