@@ -99,7 +99,11 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 	var srv *http.Server
 	srvErr := make(chan error, 1)
 	if roles.Gateway {
-		d := dispatch.New(b, reg, calls, log.With("part", "dispatch"))
+		var local dispatch.Local
+		if w != nil {
+			local = w
+		}
+		d := dispatch.New(b, reg, calls, local, log.With("part", "dispatch"))
 		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg})
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {

@@ -32,17 +32,28 @@ var _ gateway.Backend = (*Dispatcher)(nil)
 // function's own timeout before the dispatcher gives up on the worker.
 const StartBudget = 30 * time.Second
 
+// Local is a worker in the dispatcher's own process. A call that it can
+// serve hot skips the NATS round trip; every other call goes through NATS,
+// so placement across workers is unchanged.
+type Local interface {
+	// HasIdle reports whether an idle instance of the version is parked here.
+	HasIdle(name string, version int) bool
+	// Serve runs a call as a NATS-delivered one would be run.
+	Serve(ctx context.Context, req function.InvokeRequest) (function.InvokeResult, error)
+}
+
 // Dispatcher implements gateway.Backend.
 type Dispatcher struct {
 	bus   *bus.Bus
 	reg   *registry.Registry
 	calls *callstore.Store
+	local Local // nil when no worker runs in this process
 	log   *slog.Logger
 }
 
-// New returns a Dispatcher.
-func New(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{bus: b, reg: reg, calls: calls, log: log}
+// New returns a Dispatcher; local may be nil.
+func New(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, local Local, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{bus: b, reg: reg, calls: calls, local: local, log: log}
 }
 
 // Deploy implements gateway.Backend.
@@ -172,6 +183,9 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	}
 	ctx, cancel := context.WithTimeout(ctx, ver.Timeout()+StartBudget)
 	defer cancel()
+	if d.local != nil && d.local.HasIdle(ver.Name, ver.Version) {
+		return d.local.Serve(ctx, req)
+	}
 	reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.SubjInvoke+req.Function, req))
 	if err != nil {
 		return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function, err)

@@ -23,19 +23,51 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
 		return
 	}
+	w.serveSync(ctx, req, func(res function.InvokeResult, err error) {
+		reply := callmsg.Reply(res)
+		if err != nil {
+			reply = callmsg.ErrorReply(err)
+		}
+		if rerr := m.RespondMsg(reply); rerr != nil {
+			w.log.Warn("reply lost", "fn", req.Function, "call", req.CallID, "err", rerr)
+		}
+	})
+}
+
+// Serve implements dispatch.Local: the same path as a call from NATS,
+// answered in-process.
+func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res function.InvokeResult, err error) {
+	w.wg.Add(1)
+	defer w.wg.Done()
+	w.serveSync(ctx, req, func(r function.InvokeResult, e error) { res, err = r, e })
+	return res, err
+}
+
+// HasIdle implements dispatch.Local.
+func (w *Worker) HasIdle(name string, version int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.idle[poolKey(name, version)]) > 0
+}
+
+// serveSync runs a sync call, hands the outcome to reply, then finishes the
+// call's log and record off the caller's path.
+func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, reply func(function.InvokeResult, error)) {
 	created := time.Now().UTC()
 	res, closeLog, err := w.execute(ctx, req, w.cfg.QueueWait)
 	if err != nil {
 		w.log.Warn("call failed", "fn", req.Function, "call", req.CallID, "err", err)
-		_ = m.RespondMsg(callmsg.ErrorReply(err))
+		reply(res, err)
 		return
 	}
-	if err := m.RespondMsg(callmsg.Reply(res)); err != nil {
-		w.log.Warn("reply lost", "fn", req.Function, "call", req.CallID, "err", err)
-	}
-	closeLog()
-	w.record(function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync",
-		CreatedAt: created}, res, created)
+	reply(res, nil)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		closeLog()
+		w.record(function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync",
+			CreatedAt: created}, res, created)
+	}()
 }
 
 // record queues the record of a finished sync call; the write happens off the
