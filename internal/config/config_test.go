@@ -147,6 +147,7 @@ func TestValidateRejects(t *testing.T) {
 		{"tmp mb zero", func(c *Config) { c.TmpMB = 0 }, []string{"--tmp-mb"}},
 		{"sandbox network", func(c *Config) { c.SandboxNetwork = "bridge" }, []string{"--sandbox-network", `"bridge"`}},
 		{"empty worker id", func(c *Config) { c.WorkerID = "" }, []string{"--worker-id"}},
+		{"negative memory budget", func(c *Config) { c.MemoryBudgetMB = -1 }, []string{"--memory-budget", "-1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

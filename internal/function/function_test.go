@@ -293,3 +293,18 @@ func TestErrorString(t *testing.T) {
 		t.Errorf("Error() = %q", e.Error())
 	}
 }
+
+// Within one millisecond the 74 low bits are random, so ids made in the same
+// millisecond do not sort in creation order (callstore.List then shows
+// calls that arrived together in arbitrary order). Reported, not enforced.
+func TestNewCallIDOrderWithinMillisecond(t *testing.T) {
+	prev := NewCallID()
+	for i := 0; i < 1000; i++ {
+		id := NewCallID()
+		if id <= prev {
+			t.Skipf("QUESTIONABLE: NewCallID (function.go) is not monotonic within a millisecond: %s made after %s; "+
+				"RFC 9562 §6.2 method 1/3 (a counter or sub-ms time in rand_a) would fix the order", id, prev)
+		}
+		prev = id
+	}
+}

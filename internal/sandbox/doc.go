@@ -1,8 +1,8 @@
 // Package sandbox isolates function instances on one worker.
 //
 // An instance is a process tree that runs as a non-root uid dedicated to its
-// function, in new mount, PID, IPC and UTS namespaces (the host network is
-// shared on purpose for now), on a read-only root built from the host's /usr
+// function, in new mount, PID, IPC, UTS and network namespaces (the network
+// namespace has only loopback unless Spec.HostNetwork), on a read-only root built from the host's /usr
 // and /etc, with its code read-only at /var/task, a private size-limited /tmp,
 // and a cgroup (v1 or v2, detected at start) that enforces its memory limit,
 // CPU share and pids limit.
@@ -17,6 +17,6 @@
 //
 // This package owns the instance cgroups under Config.CgroupName and
 // Config.StateDir, and nothing else: it does not touch other cgroups or the
-// network. (On cgroup v2 it may move the worker itself into a leaf cgroup
+// host's network. (On cgroup v2 it may move the worker itself into a leaf cgroup
 // so that the worker's cgroup can delegate; see Config.CgroupName.)
 package sandbox
