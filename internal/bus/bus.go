@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -184,8 +185,8 @@ func loadToken(path, given string) (string, error) {
 	if given != "" {
 		return given, nil
 	}
-	if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-		return string(b), nil
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
 	}
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {

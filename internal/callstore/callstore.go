@@ -36,6 +36,29 @@ func (s *Store) Put(ctx context.Context, c function.Call) error {
 	return nil
 }
 
+// Create writes a new record; it fails with ErrConflict if the call exists.
+func (s *Store) Create(ctx context.Context, c function.Call) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encode call %s: %w", c.ID, err)
+	}
+	if _, err := s.kv.Create(ctx, key(c.Function, c.ID), b); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("call %s exists: %w", c.ID, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("store call %s: %w", c.ID, err)
+	}
+	return nil
+}
+
+// Delete removes a record.
+func (s *Store) Delete(ctx context.Context, fn, id string) error {
+	if err := s.kv.Purge(ctx, key(fn, id)); err != nil {
+		return fmt.Errorf("delete call %s: %w", id, err)
+	}
+	return nil
+}
+
 // Update applies fn to the current record of call id of function name and
 // stores the result, retrying on concurrent writes. fn may return an error to
 // abort without writing.
@@ -60,7 +83,7 @@ func (s *Store) Update(ctx context.Context, name, id string, fn func(*function.C
 			if attempt < 20 && ctx.Err() == nil {
 				continue
 			}
-			return c, fmt.Errorf("update call %s: %w", id, err)
+			return c, fmt.Errorf("update call %s: %v: %w", id, err, errdefs.ErrConflict)
 		}
 		return c, nil
 	}

@@ -101,6 +101,14 @@ func (c *Config) Validate() error {
 	if c.TmpMB < 1 {
 		errs = append(errs, fmt.Errorf("--tmp-mb %d: use at least 1", c.TmpMB))
 	}
+	for flag, v := range map[string]int{"--max-idle": c.MaxIdle, "--async-slots": c.AsyncSlots} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: use 0 (the default) or more", flag, v))
+		}
+	}
+	if c.Retention < time.Minute {
+		errs = append(errs, fmt.Errorf("--retention %s: use at least 1m", c.Retention))
+	}
 	if c.MemoryBudgetMB < 0 {
 		errs = append(errs, fmt.Errorf("--memory-budget %d: use 0 (automatic) or a size in MB", c.MemoryBudgetMB))
 	}
@@ -127,7 +135,7 @@ func ResolvePython(ctx context.Context, name string) (Interpreter, error) {
 	if err != nil {
 		return Interpreter{}, fmt.Errorf("python interpreter %q not found: install python3 or pass --python PATH: %w", name, err)
 	}
-	out, err := exec.CommandContext(ctx, path, "-c", "import sys; print(sys.executable); print(sys.base_prefix); print('%d.%d' % sys.version_info[:2])").Output()
+	out, err := exec.CommandContext(ctx, path, "-c", "import os, sys; print(os.readlink('/proc/self/exe')); print(sys.base_prefix); print('%d.%d' % sys.version_info[:2])").Output()
 	if err != nil {
 		return Interpreter{}, fmt.Errorf("run %s: %w", path, err)
 	}

@@ -76,6 +76,7 @@ func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []b
 		return function.Version{}, err
 	}
 	if err := d.validate(ctx, ver); err != nil {
+		d.dropCode(context.WithoutCancel(ctx), digest)
 		return function.Version{}, err
 	}
 	if err := d.reg.Commit(ctx, ver, rev); err != nil {
@@ -90,6 +91,17 @@ func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []b
 	}
 	d.log.Info("deployed", "fn", ver.Name, "version", ver.Version, "code", digest[:12])
 	return ver, nil
+}
+
+// dropCode deletes a code package no version uses any more. (The uid a
+// deploy allocated stays reserved for the name, by design.)
+func (d *Dispatcher) dropCode(ctx context.Context, digest string) {
+	if d.reg.CodeInUse(digest) {
+		return
+	}
+	if err := d.reg.DeleteCode(ctx, digest); err != nil {
+		d.log.Warn("delete unused code package", "code", digest, "err", err)
+	}
 }
 
 // validate asks a worker to start the version's code: a missing handler or a
@@ -154,7 +166,18 @@ func (d *Dispatcher) DeleteFunction(ctx context.Context, name string) error {
 	if err := function.ValidateName(name); err != nil {
 		return err
 	}
-	return d.reg.Delete(ctx, name)
+	old := d.reg.Versions(name)
+	if err := d.reg.Delete(ctx, name); err != nil {
+		return err
+	}
+	// Wait for this cache to drop the versions before checking code use.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = d.reg.WaitGone(wctx, name)
+	for _, v := range old {
+		d.dropCode(ctx, v.CodeDigest)
+	}
+	return nil
 }
 
 func (d *Dispatcher) resolve(req *function.InvokeRequest) (function.Version, error) {
@@ -202,11 +225,19 @@ func (d *Dispatcher) InvokeAsync(ctx context.Context, req function.InvokeRequest
 	}
 	c := function.Call{ID: req.CallID, Function: ver.Name, Version: ver.Version, Mode: "async",
 		Status: function.StatusQueued, CreatedAt: time.Now().UTC()}
-	if err := d.calls.Put(ctx, c); err != nil {
+	if err := d.calls.Create(ctx, c); err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			// A retry of an accepted call (same id): it is already queued
+			// or done; answer with its record, never run it twice.
+			return d.calls.Get(ctx, req.CallID)
+		}
 		return c, fmt.Errorf("accept async call: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	msg := callmsg.Request(bus.SubjCalls+req.Function, req)
 	if _, err := d.bus.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(req.CallID)); err != nil {
+		// Not accepted: drop the record. Should the publish have landed after
+		// all, the worker that runs it writes a new record.
+		_ = d.calls.Delete(context.WithoutCancel(ctx), c.Function, c.ID)
 		return c, fmt.Errorf("enqueue call %s: %v: %w", req.CallID, err, errdefs.ErrUnavailable)
 	}
 	return c, nil
@@ -235,10 +266,21 @@ func (d *Dispatcher) Logs(ctx context.Context, name string, follow bool, fn func
 	}
 	cons, err := d.bus.JS.OrderedConsumer(ctx, bus.StreamLogs, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{bus.SubjLogs + name},
+		// Gone soon after the reader leaves, rather than after the default 5 min.
+		InactiveThreshold: 10 * time.Second,
 	})
 	if err != nil {
 		return fmt.Errorf("read logs of %s: %w", name, err)
 	}
+	defer func() {
+		// Ordered consumers are ephemeral; remove this one now rather than
+		// when the server notices it is idle.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = d.bus.JS.DeleteConsumer(dctx, bus.StreamLogs, info.Name)
+			cancel()
+		}
+	}()
 	if !follow {
 		info, err := cons.Info(ctx)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/torpor-dev/torpor/internal/errdefs"
@@ -81,7 +82,7 @@ func (s *Spec) Normalize() error {
 	if s.TimeoutSec == 0 {
 		s.TimeoutSec = DefaultTimeout.Seconds()
 	}
-	if s.TimeoutSec < 0.1 || s.Timeout() > MaxTimeout {
+	if !(s.TimeoutSec >= 0.1 && s.TimeoutSec <= MaxTimeout.Seconds()) { // also rejects NaN and ±Inf
 		return errdefs.Invalid(fmt.Sprintf("timeout %gs out of range: use 0.1-%g seconds", s.TimeoutSec, MaxTimeout.Seconds()))
 	}
 	if s.Concurrency < 0 || s.Concurrency > MaxConcurrency {
@@ -203,15 +204,39 @@ type LogLine struct {
 	Text     string    `json:"text"`
 }
 
+// callIDClock makes call ids strictly increasing within this process: the
+// 12-bit rand_a field counts calls within one millisecond (RFC 9562 §6.2,
+// method 1).
+var callIDClock struct {
+	sync.Mutex
+	ms  uint64
+	seq uint16
+}
+
 // NewCallID returns a UUIDv7: time-ordered, so sorting ids sorts calls by
 // arrival, and shaped like a Lambda request id.
 func NewCallID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	ms := uint64(time.Now().UnixMilli())
+	callIDClock.Lock()
+	if ms <= callIDClock.ms {
+		ms = callIDClock.ms
+		callIDClock.seq++
+		if callIDClock.seq > 0xfff { // 4096 ids in one ms: borrow the next ms
+			ms++
+			callIDClock.seq = 0
+		}
+	} else {
+		callIDClock.seq = uint16(b[6])<<8&0x700 | uint16(b[7]) // random start, headroom to count up
+	}
+	callIDClock.ms = ms
+	seq := callIDClock.seq
+	callIDClock.Unlock()
 	for i := 0; i < 6; i++ {
 		b[i] = byte(ms >> (40 - 8*i))
 	}
+	b[6], b[7] = byte(seq>>8), byte(seq)
 	b[6] = b[6]&0x0f | 0x70
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])

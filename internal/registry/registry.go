@@ -167,6 +167,63 @@ func (r *Registry) WaitVersion(ctx context.Context, name string, v int) error {
 	}
 }
 
+// Versions lists the cached versions of name, oldest first.
+func (r *Registry) Versions(name string) []function.Version {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []function.Version
+	for _, v := range r.versions {
+		if v.Name == name {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// WaitGone waits until this cache no longer holds any version of name.
+func (r *Registry) WaitGone(ctx context.Context, name string) error {
+	for {
+		r.mu.RLock()
+		ch := r.changed
+		_, latest := r.latest[name]
+		r.mu.RUnlock()
+		if !latest && len(r.Versions(name)) == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// CodeInUse reports whether any cached version uses the code package.
+func (r *Registry) CodeInUse(digest string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, v := range r.versions {
+		if v.CodeDigest == digest {
+			return true
+		}
+	}
+	for _, v := range r.latest {
+		if v.CodeDigest == digest {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteCode removes a code package.
+func (r *Registry) DeleteCode(ctx context.Context, digest string) error {
+	if err := r.code.Delete(ctx, digest); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("delete code package %s: %w", digest, err)
+	}
+	return nil
+}
+
 // Functions lists the latest version of every function, by name.
 func (r *Registry) Functions() []function.Version {
 	r.mu.RLock()

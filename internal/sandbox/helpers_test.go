@@ -24,10 +24,13 @@ func TestMain(m *testing.M) {
 }
 
 // requireRoot skips t when not running as root: sandboxes need namespaces,
-// mounts and cgroups. CI runs as root, so there nothing skips.
+// mounts and cgroups. In CI (CI set) it fails instead: nothing skips there.
 func requireRoot(tb testing.TB) {
 	tb.Helper()
 	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			tb.Fatal("needs root (namespaces, mounts, cgroups) and CI must not skip: run the suite as root")
+		}
 		tb.Skip("needs root (namespaces, mounts, cgroups); CI runs these as root")
 	}
 }

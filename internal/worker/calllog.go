@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/torpor-dev/torpor/internal/agentproto"
 	"github.com/torpor-dev/torpor/internal/bus"
@@ -24,7 +25,6 @@ type callLog struct {
 	partial   map[string][]byte // unterminated line per stream
 	size      int
 	truncated bool
-	text      bytes.Buffer // user output, for the log tail
 }
 
 func newCallLog(ver function.Version, callID string) *callLog {
@@ -40,13 +40,16 @@ func (l *callLog) platform(text string) {
 
 // add takes a chunk of output from the agent.
 func (l *callLog) add(r agentproto.LogRecord) {
-	if l.size+len(r.Data) > maxCallLog {
-		l.truncated = true
+	if l.truncated {
 		return
 	}
-	l.size += len(r.Data)
-	l.text.Write(r.Data)
-	buf := append(l.partial[r.Stream], r.Data...)
+	data := r.Data
+	if l.size+len(data) > maxCallLog {
+		data = data[:maxCallLog-l.size]
+		l.truncated = true
+	}
+	l.size += len(data)
+	buf := append(l.partial[r.Stream], data...)
 	for {
 		i := bytes.IndexByte(buf, '\n')
 		if i < 0 {
@@ -65,8 +68,8 @@ func (l *callLog) user(stream, text string) {
 
 // finish closes the log with the call's outcome.
 func (l *callLog) finish(res function.InvokeResult, peakMem uint64) {
-	for stream, rest := range l.partial {
-		if len(rest) > 0 {
+	for _, stream := range []string{agentproto.StreamStdout, agentproto.StreamStderr} {
+		if rest := l.partial[stream]; len(rest) > 0 {
 			l.user(stream, string(rest))
 		}
 	}
@@ -96,6 +99,9 @@ func (l *callLog) tail(n int) []byte {
 	s := sb.String()
 	if len(s) > n {
 		s = s[len(s)-n:]
+		for len(s) > 0 && !utf8.RuneStart(s[0]) { // don't start mid-character
+			s = s[1:]
+		}
 	}
 	return []byte(s)
 }

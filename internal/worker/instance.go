@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -202,8 +204,18 @@ func instanceEnv(ver function.Version) []string {
 		"AWS_LAMBDA_LOG_GROUP_NAME=/aws/lambda/" + ver.Name,
 		"TORPOR_AGENT_FD=3",
 	}
-	for k, v := range ver.Env {
-		env = append(env, k+"="+v)
+	// A user's value replaces the default of the same name (the first
+	// occurrence would win in the process).
+	for i, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if v, ok := ver.Env[k]; ok {
+			env[i] = k + "=" + v
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(ver.Env)) {
+		if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, k+"=") }) {
+			env = append(env, k+"="+ver.Env[k])
+		}
 	}
 	return env
 }

