@@ -50,6 +50,31 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("near-limit payload: %s", got)
 		}
 	})
+	t.Run("response over 6 MB", func(t *testing.T) {
+		s.deploy("bigout", "def handler(e, c):\n    return 'z' * e\n", deployOpts{MemoryMB: 256})
+		typ, msg, _ := funcError(t, s.invoke("bigout", fmt.Sprint(7<<20)))
+		if typ != "Function.ResponseSizeTooLarge" || !strings.Contains(msg, "exceeded maximum allowed payload size") {
+			t.Errorf("%s: %s", typ, msg)
+		}
+		if got := mustOK(t, s.invoke("bigout", `3`)); got != `"zzz"` {
+			t.Errorf("after a too-large response: %s", got)
+		}
+	})
+	t.Run("log flood", func(t *testing.T) {
+		// 300k empty lines: tiny as text, ~40 MB as JSON log lines.
+		s.deploy("flood", "import os\ndef handler(e, c):\n    os.write(1, b'\\n' * 300000)\n    print('flood-done')\n    return 1\n", deployOpts{})
+		mustOK(t, s.invoke("flood", `{}`))
+		eventually(t, 10*time.Second, "the flood's log", func() error {
+			out, _, err := s.cli("logs", "flood")
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(out, "REPORT RequestId") {
+				return fmt.Errorf("no REPORT line in %d bytes of logs", len(out))
+			}
+			return nil
+		})
+	})
 	t.Run("invalid name", func(t *testing.T) {
 		for _, name := range []string{"bad.name", strings.Repeat("a", 65), "sp%20ace"} {
 			code, body := s.deployZip(name, zipFiles(t, map[string]string{"app.py": "def handler(e,c): pass"}), deployOpts{})

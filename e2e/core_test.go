@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,5 +277,29 @@ func TestMemoryBudget(t *testing.T) {
 	code, body := s.deployZip("big", zipFiles(t, map[string]string{"app.py": src}), deployOpts{MemoryMB: 512})
 	if code != 400 || !strings.Contains(body, "memory budget") {
 		t.Errorf("deploy above the budget: %d %s", code, body)
+	}
+}
+
+// TestGracefulShutdown: SIGTERM lets running calls finish before the server
+// exits, and the server exits cleanly.
+func TestGracefulShutdown(t *testing.T) {
+	s := startServer(t)
+	s.deploy("slow", "import time\ndef handler(e, c):\n    time.sleep(e)\n    return 'finished'\n", deployOpts{TimeoutS: 10})
+	done := make(chan invokeResp, 1)
+	go func() { done <- s.invoke("slow", `2`) }()
+	time.Sleep(500 * time.Millisecond)
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustOK(t, <-done); got != `"finished"` {
+		t.Errorf("call running at SIGTERM: %s", got)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not exit after SIGTERM")
+	}
+	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM\n%s", code, tail(s.out.String(), 3000))
 	}
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -31,10 +29,8 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(cfg.LogLevel)
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return app.Run(ctx, cfg, roles, log)
+			// main's context ends on SIGINT/SIGTERM: a graceful shutdown.
+			return app.Run(cmd.Context(), cfg, roles, newLogger(cfg.LogLevel))
 		},
 	}
 	f := cmd.Flags()

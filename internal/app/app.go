@@ -78,12 +78,27 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// Shutdown runs in reverse order of start-up, each step bounded.
+	var closers []func(context.Context)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i](sctx)
+		}
+	}()
+
 	var w *worker.Worker
 	if roles.Worker {
 		sbm, err := sandbox.NewManager(ctx, sandbox.Config{StateDir: filepath.Join(cfg.Home, "sandbox")}, log.With("part", "sandbox"))
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}
+		closers = append(closers, func(ctx context.Context) {
+			if err := sbm.Close(ctx); err != nil {
+				log.Warn("close sandboxes", "err", err)
+			}
+		})
 		w, err = worker.New(worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
 			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
 			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB},
@@ -94,6 +109,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		if err := w.Start(runCtx); err != nil {
 			return err
 		}
+		closers = append(closers, w.Close)
 	}
 
 	var srv *http.Server
@@ -113,8 +129,12 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		if err := os.WriteFile(filepath.Join(cfg.Home, "endpoint"), []byte(endpoint+"\n"), 0o644); err != nil {
 			return fmt.Errorf("write endpoint file: %w", err)
 		}
-		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		// ReadTimeout covers a 50 MB deploy on a slow link; IdleTimeout
+		// reclaims keep-alive connections clients forgot.
+		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 5 * time.Minute,
+			IdleTimeout: 2 * time.Minute}
 		go func() { srvErr <- srv.Serve(ln) }()
+		closers = append(closers, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
 		log.Info("torpor is serving", "endpoint", endpoint, "home", cfg.Home)
 	}
 
@@ -126,13 +146,5 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		}
 	}
 	log.Info("shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer scancel()
-	if srv != nil {
-		_ = srv.Shutdown(sctx)
-	}
-	if w != nil {
-		w.Close(sctx)
-	}
 	return nil
 }

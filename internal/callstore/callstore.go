@@ -80,10 +80,14 @@ func (s *Store) Update(ctx context.Context, name, id string, fn func(*function.C
 		}
 		b, _ := json.Marshal(c)
 		if _, err := s.kv.Update(ctx, key(name, id), b, e.Revision()); err != nil {
-			if attempt < 20 && ctx.Err() == nil {
-				continue
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+				if attempt < 20 {
+					continue // another writer got there first: re-read and re-apply
+				}
+				return c, fmt.Errorf("update call %s: too many concurrent writers: %w", id, errdefs.ErrConflict)
 			}
-			return c, fmt.Errorf("update call %s: %v: %w", id, err, errdefs.ErrConflict)
+			return c, fmt.Errorf("update call %s: %w", id, err)
 		}
 		return c, nil
 	}
@@ -94,7 +98,7 @@ func (s *Store) Get(ctx context.Context, id string) (function.Call, error) {
 	if err := function.ValidateCallID(id); err != nil {
 		return function.Call{}, err
 	}
-	w, err := s.kv.Watch(ctx, "*."+id)
+	w, err := s.kv.Watch(ctx, "*."+id, jetstream.IgnoreDeletes())
 	if err != nil {
 		return function.Call{}, fmt.Errorf("look up call %s: %w", id, err)
 	}
@@ -116,31 +120,35 @@ func (s *Store) Get(ctx context.Context, id string) (function.Call, error) {
 	}
 }
 
-// List returns up to limit records of function name, newest first.
+// List returns up to limit records of function name, newest first. It
+// lists keys only, and reads just the records it returns.
 func (s *Store) List(ctx context.Context, name string, limit int) ([]function.Call, error) {
-	w, err := s.kv.Watch(ctx, name+".*", jetstream.IgnoreDeletes())
+	lister, err := s.kv.ListKeysFiltered(ctx, name+".*")
 	if err != nil {
 		return nil, fmt.Errorf("list calls of %s: %w", name, err)
 	}
-	defer func() { _ = w.Stop() }()
-	var out []function.Call
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e := <-w.Updates():
-			if e == nil {
-				// Call ids are UUIDv7, so id order is arrival order.
-				sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
-				if limit > 0 && len(out) > limit {
-					out = out[:limit]
-				}
-				return out, nil
-			}
-			var c function.Call
-			if err := json.Unmarshal(e.Value(), &c); err == nil {
-				out = append(out, c)
-			}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	// Call ids are UUIDv7, so key order is arrival order.
+	sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+	out := []function.Call{}
+	for _, k := range keys {
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		e, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue // expired or deleted since listed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read call %s: %w", k, err)
+		}
+		var c function.Call
+		if err := json.Unmarshal(e.Value(), &c); err == nil {
+			out = append(out, c)
 		}
 	}
+	return out, nil
 }

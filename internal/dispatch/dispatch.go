@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,7 +68,7 @@ func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []b
 	if _, err := codezip.Validate(codeZip); err != nil {
 		return function.Version{}, fmt.Errorf("code package of %s: %w", spec.Name, err)
 	}
-	digest, err := d.reg.PutCode(ctx, codeZip)
+	digest, stored, err := d.reg.PutCode(ctx, codeZip)
 	if err != nil {
 		return function.Version{}, err
 	}
@@ -76,7 +77,9 @@ func (d *Dispatcher) Deploy(ctx context.Context, spec function.Spec, codeZip []b
 		return function.Version{}, err
 	}
 	if err := d.validate(ctx, ver); err != nil {
-		d.dropCode(context.WithoutCancel(ctx), digest)
+		if stored { // a package that was already there may be another deploy's
+			d.dropCode(context.WithoutCancel(ctx), digest)
+		}
 		return function.Version{}, err
 	}
 	if err := d.reg.Commit(ctx, ver, rev); err != nil {
@@ -122,17 +125,9 @@ func (d *Dispatcher) validate(ctx context.Context, ver function.Version) error {
 	}
 	if res.Err != nil {
 		return errdefs.Invalid(fmt.Sprintf("deploy of %s rejected: the function failed to initialize: %s: %s\n%s",
-			ver.Name, res.Err.ErrorType, res.Err.ErrorMessage, joinTrace(res.Err.StackTrace)))
+			ver.Name, res.Err.ErrorType, res.Err.ErrorMessage, strings.Join(res.Err.StackTrace, "")))
 	}
 	return nil
-}
-
-func joinTrace(lines []string) string {
-	out := ""
-	for _, l := range lines {
-		out += l
-	}
-	return out
 }
 
 func requestError(what string, err error) error {

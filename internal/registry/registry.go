@@ -99,7 +99,10 @@ func (r *Registry) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	if strings.HasPrefix(key, "fn.") {
-		r.latest[v.Name] = v
+		// Never step back: a slow deploy's write may land after a newer one's.
+		if cur, ok := r.latest[v.Name]; !ok || v.Version >= cur.Version {
+			r.latest[v.Name] = v
+		}
 	} else {
 		r.versions[v.Name+"/"+strconv.Itoa(v.Version)] = v
 	}
@@ -236,17 +239,18 @@ func (r *Registry) Functions() []function.Version {
 	return out
 }
 
-// PutCode stores a code package and returns its hex sha256.
-func (r *Registry) PutCode(ctx context.Context, zip []byte) (string, error) {
+// PutCode stores a code package and returns its hex sha256, and whether
+// this call stored it (false: it was there already).
+func (r *Registry) PutCode(ctx context.Context, zip []byte) (string, bool, error) {
 	sum := sha256.Sum256(zip)
 	digest := hex.EncodeToString(sum[:])
 	if _, err := r.code.GetInfo(ctx, digest); err == nil {
-		return digest, nil
+		return digest, false, nil
 	}
 	if _, err := r.code.Put(ctx, jetstream.ObjectMeta{Name: digest}, bytes.NewReader(zip)); err != nil {
-		return "", fmt.Errorf("store code package: %w", err)
+		return "", false, fmt.Errorf("store code package: %w", err)
 	}
-	return digest, nil
+	return digest, true, nil
 }
 
 // Code fetches a code package and checks its digest.
@@ -305,10 +309,34 @@ func (r *Registry) Commit(ctx context.Context, v function.Version, rev uint64) e
 	if _, err := r.kv.Put(ctx, fmt.Sprintf("v.%s.%d", v.Name, v.Version), b); err != nil {
 		return fmt.Errorf("store %s version %d: %w", v.Name, v.Version, err)
 	}
-	if _, err := r.kv.Put(ctx, "fn."+v.Name, b); err != nil {
-		return fmt.Errorf("store %s version %d: %w", v.Name, v.Version, err)
+	return r.setLatest(ctx, v, b)
+}
+
+// setLatest points "fn.<name>" at v unless a newer version is already
+// there: two deploys that finish out of order leave the newer one latest.
+func (r *Registry) setLatest(ctx context.Context, v function.Version, b []byte) error {
+	for attempt := 0; attempt < 20; attempt++ {
+		e, err := r.kv.Get(ctx, "fn."+v.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+			_, err = r.kv.Create(ctx, "fn."+v.Name, b)
+		case err != nil:
+			return fmt.Errorf("read latest version of %s: %w", v.Name, err)
+		default:
+			var cur function.Version
+			if json.Unmarshal(e.Value(), &cur) == nil && cur.Version > v.Version {
+				return nil
+			}
+			_, err = r.kv.Update(ctx, "fn."+v.Name, b, e.Revision())
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+			return fmt.Errorf("store %s version %d: %w", v.Name, v.Version, err)
+		}
 	}
-	return nil
+	return fmt.Errorf("store %s version %d: too many concurrent deploys: %w", v.Name, v.Version, errdefs.ErrConflict)
 }
 
 func isWrongSeq(err error) bool {

@@ -418,7 +418,7 @@ func TestCode(t *testing.T) {
 	zip := []byte("PK\x03\x04 pretend this is a zip")
 	sum := sha256.Sum256(zip)
 	want := hex.EncodeToString(sum[:])
-	digest, err := r.PutCode(ctx, zip)
+	digest, _, err := r.PutCode(ctx, zip)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +426,7 @@ func TestCode(t *testing.T) {
 		t.Errorf("digest = %s, want sha256 %s", digest, want)
 	}
 	// Storing the same package again is a no-op with the same digest.
-	if again, err := r.PutCode(ctx, zip); err != nil || again != digest {
+	if again, _, err := r.PutCode(ctx, zip); err != nil || again != digest {
 		t.Errorf("second PutCode = %s, %v", again, err)
 	}
 	got, err := r.Code(ctx, digest)
@@ -439,7 +439,7 @@ func TestCode(t *testing.T) {
 	for i := range big {
 		big[i] = byte(i * 7)
 	}
-	bd, err := r.PutCode(ctx, big)
+	bd, _, err := r.PutCode(ctx, big)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,13 @@ import (
 	"github.com/torpor-dev/torpor/internal/function"
 )
 
-// maxCallLog bounds what one call may log; the rest is dropped with a note.
-const maxCallLog = 256 << 10
+// What one call may log, in bytes and in lines; the rest is dropped with a
+// note. The line cap matters for floods of short lines, each of which costs
+// a log record.
+const (
+	maxCallLog      = 256 << 10
+	maxCallLogLines = 10000
+)
 
 // callLog collects one call's output as Lambda-style log lines, framed by
 // START / END / REPORT platform lines.
@@ -62,6 +67,10 @@ func (l *callLog) add(r agentproto.LogRecord) {
 }
 
 func (l *callLog) user(stream, text string) {
+	if len(l.lines) >= maxCallLogLines {
+		l.truncated = true
+		return
+	}
 	l.lines = append(l.lines, function.LogLine{Time: time.Now().UTC(), Function: l.ver.Name, Version: l.ver.Version,
 		CallID: l.callID, Stream: stream, Text: text})
 }
@@ -74,7 +83,7 @@ func (l *callLog) finish(res function.InvokeResult, peakMem uint64) {
 		}
 	}
 	if l.truncated {
-		l.platform(fmt.Sprintf("torpor: output beyond %d KB of this call was dropped", maxCallLog>>10))
+		l.platform(fmt.Sprintf("torpor: output beyond %d KB or %d lines of this call was dropped", maxCallLog>>10, maxCallLogLines))
 	}
 	if res.Err != nil {
 		b, _ := json.Marshal(res.Err)
@@ -106,13 +115,34 @@ func (l *callLog) tail(n int) []byte {
 	return []byte(s)
 }
 
-// publishLogs sends the call's lines as one batch, without waiting.
+// maxLogBatch bounds one log message, well under NATS's max_payload: JSON
+// framing can make many short lines far bigger than their text.
+const maxLogBatch = 512 << 10
+
+// publishLogs sends the call's lines, in as few messages as fit, without
+// waiting for the acks.
 func (w *Worker) publishLogs(l *callLog) {
-	b, err := json.Marshal(l.lines)
+	for _, b := range encodeBatches(l.lines, maxLogBatch) {
+		if _, err := w.bus.JS.PublishAsync(bus.SubjLogs+l.ver.Name, b); err != nil {
+			w.log.Warn("publish logs", "fn", l.ver.Name, "call", l.callID, "err", err)
+			return
+		}
+	}
+}
+
+// encodeBatches encodes lines as JSON arrays of at most limit bytes each,
+// in order (a single line longer than limit goes alone).
+func encodeBatches(lines []function.LogLine, limit int) [][]byte {
+	if len(lines) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(lines)
 	if err != nil {
-		return
+		return nil
 	}
-	if _, err := w.bus.JS.PublishAsync(bus.SubjLogs+l.ver.Name, b); err != nil {
-		w.log.Warn("publish logs", "fn", l.ver.Name, "call", l.callID, "err", err)
+	if len(b) <= limit || len(lines) == 1 {
+		return [][]byte{b}
 	}
+	half := len(lines) / 2
+	return append(encodeBatches(lines[:half], limit), encodeBatches(lines[half:], limit)...)
 }

@@ -174,7 +174,7 @@ func TestCallLogSizeCap(t *testing.T) {
 	if users != maxCallLog/1024 {
 		t.Errorf("%d user lines kept, want %d", users, maxCallLog/1024)
 	}
-	want := fmt.Sprintf("torpor: output beyond %d KB of this call was dropped", maxCallLog>>10)
+	want := fmt.Sprintf("torpor: output beyond %d KB or %d lines of this call was dropped", maxCallLog>>10, maxCallLogLines)
 	if note != want {
 		t.Errorf("truncation note = %q, want %q", note, want)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -37,8 +38,14 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 // Serve implements dispatch.Local: the same path as a call from NATS,
 // answered in-process.
 func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res function.InvokeResult, err error) {
-	w.wg.Add(1)
-	defer w.wg.Done()
+	w.closeMu.RLock()
+	if w.closing {
+		w.closeMu.RUnlock()
+		return res, errShuttingDown(w.cfg.ID)
+	}
+	w.calls.Add(1)
+	w.closeMu.RUnlock()
+	defer w.calls.Done()
 	w.serveSync(ctx, req, func(r function.InvokeResult, e error) { res, err = r, e })
 	return res, err
 }
@@ -81,17 +88,29 @@ func (w *Worker) record(c function.Call, res function.InvokeResult, started time
 	}
 }
 
-func (w *Worker) recordWriter(ctx context.Context) {
+// recordWriter stores queued records until Close, then flushes the rest.
+func (w *Worker) recordWriter() {
+	defer close(w.recordsDone)
+	put := func(c function.Call) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.store.Put(ctx, c); err != nil {
+			w.log.Warn("store call record", "call", c.ID, "err", err)
+		}
+	}
 	for {
 		select {
-		case <-ctx.Done():
-			return
 		case c := <-w.records:
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := w.calls.Put(wctx, c); err != nil {
-				w.log.Warn("store call record", "call", c.ID, "err", err)
+			put(c)
+		case <-w.stopRecord:
+			for {
+				select {
+				case c := <-w.records:
+					put(c)
+				default:
+					return
+				}
 			}
-			cancel()
 		}
 	}
 }
@@ -149,33 +168,38 @@ func (w *Worker) handleValidate(ctx context.Context, m *nats.Msg) {
 }
 
 // asyncLoop takes async calls from the durable work queue, at most AsyncSlots
-// at a time: a worker never holds calls it cannot start.
-func (w *Worker) asyncLoop(ctx context.Context, cons jetstream.Consumer) {
+// at a time: a worker never holds calls it cannot start. It stops fetching
+// when loopCtx ends; the calls themselves run under callCtx.
+func (w *Worker) asyncLoop(loopCtx, callCtx context.Context, cons jetstream.Consumer) {
 	slots := make(chan struct{}, w.cfg.AsyncSlots)
-	for ctx.Err() == nil {
+	for loopCtx.Err() == nil {
 		select {
 		case slots <- struct{}{}:
-		case <-ctx.Done():
+		case <-loopCtx.Done():
 			return
 		}
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			<-slots
-			if ctx.Err() == nil {
+			if loopCtx.Err() == nil {
 				w.log.Warn("fetch async calls", "err", err)
-				time.Sleep(500 * time.Millisecond)
+				select {
+				case <-time.After(500 * time.Millisecond):
+				case <-loopCtx.Done():
+				}
 			}
 			continue
 		}
 		got := false
 		for msg := range batch.Messages() {
 			got = true
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
+			if !w.track(func() {
 				defer func() { <-slots }()
-				w.handleAsync(ctx, msg)
-			}()
+				w.handleAsync(callCtx, msg)
+			}) {
+				<-slots
+				_ = msg.Nak() // closing: let another worker take it now
+			}
 		}
 		if !got {
 			<-slots
@@ -184,6 +208,17 @@ func (w *Worker) asyncLoop(ctx context.Context, cons jetstream.Consumer) {
 }
 
 var errAlreadyDone = errors.New("call already finished")
+
+// Async retry policy.
+const (
+	// asyncSlotWait bounds how long an async call waits for a concurrency
+	// slot or memory before it goes back to the queue, so that one
+	// function's backlog never holds every async slot of the worker.
+	asyncSlotWait = 2 * time.Second
+	// maxAsyncFailures is how many platform failures (sandbox or code
+	// fetch errors, ...) a call may meet before it fails for good.
+	maxAsyncFailures = 5
+)
 
 // handleAsync runs one queued call. The message is acknowledged only after
 // the call's outcome is stored, so a worker that dies mid-call leaves it in
@@ -199,19 +234,26 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	}
 	log := w.log.With("fn", req.Function, "call", req.CallID)
 	started := time.Now().UTC()
-	_, err = w.calls.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+	failures := 0
+	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = w.store.Update(uctx, req.Function, req.CallID, func(c *function.Call) error {
 		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
 			return errAlreadyDone
 		}
+		failures = 0
 		for i := range c.Attempts {
 			if c.Attempts[i].FinishedAt.IsZero() {
-				c.Attempts[i].Outcome = "lost" // its worker died or gave up before finishing
+				c.Attempts[i].Outcome = "lost" // its worker died before finishing
+			}
+			if strings.HasPrefix(c.Attempts[i].Outcome, "retry:") {
+				failures++
 			}
 		}
 		c.Status = function.StatusRunning
 		c.Attempts = append(c.Attempts, function.Attempt{Worker: w.cfg.ID, StartedAt: started})
 		return nil
 	})
+	cancel()
 	switch {
 	case errors.Is(err, errAlreadyDone):
 		_ = msg.Ack()
@@ -238,36 +280,42 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 			}
 		}
 	}()
-	res, closeLog, err := w.execute(ctx, req, 0)
+	res, closeLog, err := w.execute(ctx, req, asyncSlotWait)
 	closeLog()
 	stopHB()
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer scancel()
 	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			// The function or version is gone: the call can never run.
-			res.Err = &function.Error{ErrorType: "ResourceNotFoundException", ErrorMessage: err.Error()}
+		if ferr := finalAsyncError(err, failures+1); ferr != nil {
+			res.Err = ferr
 		} else {
-			log.Warn("async call not run; will retry", "err", err)
-			_, _ = w.calls.Update(context.WithoutCancel(ctx), req.Function, req.CallID, func(c *function.Call) error {
+			throttled := errors.Is(err, errdefs.ErrThrottled)
+			if !throttled {
+				log.Warn("async call not run; will retry", "err", err)
+			}
+			_, _ = w.store.Update(sctx, req.Function, req.CallID, func(c *function.Call) error {
 				if n := len(c.Attempts); n > 0 {
-					c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome = time.Now().UTC(), "retry: "+err.Error()
+					if throttled { // waiting for capacity is not an attempt
+						c.Attempts = c.Attempts[:n-1]
+					} else {
+						c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome = time.Now().UTC(), "retry: "+err.Error()
+					}
 				}
 				c.Status = function.StatusQueued
 				return nil
 			})
-			_ = msg.NakWithDelay(2 * time.Second)
+			_ = msg.NakWithDelay(time.Second)
 			return
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	_, err = w.calls.Update(sctx, req.Function, req.CallID, func(c *function.Call) error {
+	_, err = w.store.Update(sctx, req.Function, req.CallID, func(c *function.Call) error {
 		finish(c, res, w.cfg.ID, started)
 		return nil
 	})
 	if errors.Is(err, errdefs.ErrNotFound) {
 		c := function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "async", CreatedAt: started}
 		finish(&c, res, w.cfg.ID, started)
-		err = w.calls.Put(sctx, c)
+		err = w.store.Put(sctx, c)
 	}
 	if err != nil {
 		log.Error("store async result; the call will run again", "err", err)
@@ -277,4 +325,22 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	if err := msg.DoubleAck(sctx); err != nil {
 		log.Warn("ack async call", "err", fmt.Errorf("ack: %w", err))
 	}
+}
+
+// finalAsyncError decides whether a platform error ends an async call: a
+// missing function or version, a request that can never succeed, or too
+// many failures. It returns the error to record, or nil to retry.
+func finalAsyncError(err error, failures int) *function.Error {
+	switch {
+	case errors.Is(err, errdefs.ErrThrottled):
+		return nil
+	case errors.Is(err, errdefs.ErrNotFound):
+		return &function.Error{ErrorType: "ResourceNotFoundException", ErrorMessage: err.Error()}
+	case errors.Is(err, errdefs.ErrInvalid), errors.Is(err, errdefs.ErrTooLarge):
+		return &function.Error{ErrorType: "InvalidParameterValueException", ErrorMessage: err.Error()}
+	case failures >= maxAsyncFailures:
+		return &function.Error{ErrorType: "ServiceException",
+			ErrorMessage: fmt.Sprintf("torpor could not run the call after %d attempts: %v", failures, err)}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/runtimes"
@@ -90,7 +92,9 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 	_ = child.Close()
 	if err != nil {
 		_ = conn.Close()
-		return nil, fmt.Errorf("start sandbox for %s v%d: %w", ver.Name, ver.Version, err)
+		// Even an "invalid" sandbox spec is this worker's misconfiguration
+		// (e.g. a missing interpreter), not the caller's mistake.
+		return nil, fmt.Errorf("start sandbox for %s v%d: %v: %w", ver.Name, ver.Version, err, errdefs.ErrUnavailable)
 	}
 	in := &instance{id: id, ver: ver, sb: sb, cl: agentproto.NewClient(conn)}
 	if err := w.initInstance(ctx, in); err != nil {
@@ -228,6 +232,6 @@ func cpuShares(memoryMB int) int {
 
 func newInstanceID() string {
 	var b [6]byte
-	_, _ = randRead(b[:])
+	_, _ = rand.Read(b[:])
 	return "i-" + strings.ToLower(fmt.Sprintf("%x", b))
 }

@@ -7,7 +7,6 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,11 +21,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/torpor-dev/torpor/internal/agentproto"
 	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/callmsg"
 	"github.com/torpor-dev/torpor/internal/callstore"
 	"github.com/torpor-dev/torpor/internal/codezip"
 	"github.com/torpor-dev/torpor/internal/errdefs"
@@ -35,8 +34,6 @@ import (
 	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/runtimes"
 )
-
-var randRead = rand.Read
 
 // Config tunes a worker.
 type Config struct {
@@ -104,7 +101,7 @@ type Worker struct {
 	log       *slog.Logger
 	bus       *bus.Bus
 	reg       *registry.Registry
-	calls     *callstore.Store
+	store     *callstore.Store
 	sandboxes *sandbox.Manager
 	metrics   *Metrics
 
@@ -115,14 +112,25 @@ type Worker struct {
 
 	mu         sync.Mutex
 	idle       map[string][]*instance // by pool key, most recently used last
-	slots      map[string]chan struct{}
+	slots      map[string]*fnSlots
 	liveMB     int           // memory limits of live instances, reserved against MemoryBudgetMB
 	capChanged chan struct{} // closed and replaced whenever liveMB drops
 
-	records chan function.Call
-	subs    []*nats.Subscription
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // background goroutines and in-flight calls
+	records     chan function.Call
+	recordsDone chan struct{} // closed when recordWriter has flushed and stopped
+	subs        []*nats.Subscription
+
+	// Lifecycle. Calls run under callCtx, which is cancelled only when
+	// Close runs out of time; the background loops run under loopCtx,
+	// cancelled as soon as Close starts. closeMu orders calls.Add against
+	// Close's calls.Wait.
+	closeMu    sync.RWMutex
+	closing    bool
+	calls      sync.WaitGroup // in-flight calls
+	wg         sync.WaitGroup // background goroutines
+	stopLoops  context.CancelFunc
+	abandon    context.CancelFunc
+	stopRecord chan struct{}
 }
 
 // New prepares a worker; Start connects it to the bus.
@@ -131,9 +139,9 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 	if cfg.Python == "" {
 		return nil, errors.New("worker: no Python interpreter configured")
 	}
-	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, calls: calls, sandboxes: sb, metrics: m,
-		idle: map[string][]*instance{}, slots: map[string]chan struct{}{}, records: make(chan function.Call, 4096),
-		capChanged: make(chan struct{}),
+	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, store: calls, sandboxes: sb, metrics: m,
+		idle: map[string][]*instance{}, slots: map[string]*fnSlots{}, records: make(chan function.Call, 4096),
+		capChanged: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
 		extractZip: codezip.Extract}
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
@@ -168,18 +176,22 @@ func underUsr(p string) bool { return p == "/usr" || len(p) > 5 && p[:5] == "/us
 
 // Start subscribes to calls and starts the background loops.
 func (w *Worker) Start(ctx context.Context) error {
-	ctx, w.cancel = context.WithCancel(ctx)
+	callCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	w.abandon, w.stopLoops = abandon, stopLoops
 	sub, err := w.bus.NC.QueueSubscribe(bus.SubjInvoke+"*", bus.Workers, func(m *nats.Msg) {
-		w.wg.Add(1)
-		go func() { defer w.wg.Done(); w.handleSync(ctx, m) }()
+		if !w.track(func() { w.handleSync(callCtx, m) }) {
+			_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("worker: subscribe to calls: %w", err)
 	}
 	w.subs = append(w.subs, sub)
 	sub, err = w.bus.NC.QueueSubscribe(bus.SubjValidate, bus.Workers, func(m *nats.Msg) {
-		w.wg.Add(1)
-		go func() { defer w.wg.Done(); w.handleValidate(ctx, m) }()
+		if !w.track(func() { w.handleValidate(callCtx, m) }) {
+			_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("worker: subscribe to validations: %w", err)
@@ -192,29 +204,56 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: async consumer: %w", err)
 	}
-	w.wg.Add(3)
-	go func() { defer w.wg.Done(); w.asyncLoop(ctx, cons) }()
-	go func() { defer w.wg.Done(); w.reaper(ctx) }()
-	go func() { defer w.wg.Done(); w.recordWriter(ctx) }()
+	w.wg.Add(2)
+	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
+	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
+	go w.recordWriter()
 	w.log.Info("worker started", "python", w.cfg.Python, "cgroup", w.sandboxes.CgroupVersion())
 	return nil
 }
 
-// Close stops taking calls, waits for the running ones (bounded by ctx) and
-// stops every instance.
+func errShuttingDown(id string) error {
+	return fmt.Errorf("worker %s is shutting down: %w", id, errdefs.ErrUnavailable)
+}
+
+// track runs f as an in-flight call, unless the worker is closing.
+func (w *Worker) track(f func()) bool {
+	w.closeMu.RLock()
+	defer w.closeMu.RUnlock()
+	if w.closing {
+		return false
+	}
+	w.calls.Add(1)
+	go func() { defer w.calls.Done(); f() }()
+	return true
+}
+
+// Close stops taking calls, lets the running ones finish (until ctx ends;
+// then they are abandoned), flushes call records and stops every instance.
 func (w *Worker) Close(ctx context.Context) {
+	w.closeMu.Lock()
+	w.closing = true
+	w.closeMu.Unlock()
 	for _, s := range w.subs {
-		_ = s.Drain()
+		_ = s.Unsubscribe()
 	}
-	if w.cancel != nil {
-		w.cancel()
+	if w.stopLoops != nil {
+		w.stopLoops()
 	}
-	done := make(chan struct{})
-	go func() { w.wg.Wait(); close(done) }()
+	if !waitCtx(ctx, &w.calls) {
+		w.log.Warn("shutdown grace period over: abandoning running calls")
+		w.abandon()
+		actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		waitCtx(actx, &w.calls)
+		cancel()
+	}
+	if w.abandon != nil {
+		w.abandon()
+	}
+	close(w.stopRecord)
 	select {
-	case <-done:
+	case <-w.recordsDone:
 	case <-ctx.Done():
-		w.log.Warn("worker closed with calls still running")
 	}
 	w.mu.Lock()
 	var all []*instance
@@ -224,10 +263,20 @@ func (w *Worker) Close(ctx context.Context) {
 	}
 	w.mu.Unlock()
 	for _, in := range all {
-		_ = in.cl.Close()
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = in.sb.Destroy(dctx)
-		cancel()
+		w.retire(in)
+	}
+	waitCtx(ctx, &w.wg)
+}
+
+// waitCtx waits for wg, or until ctx ends; it reports whether wg finished.
+func waitCtx(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -299,7 +348,7 @@ func (w *Worker) reserve(ctx context.Context, mb int, wait time.Duration) error 
 			return fmt.Errorf("worker %s is at its memory budget of %d MB with every instance busy: retry later: %w",
 				w.cfg.ID, w.cfg.MemoryBudgetMB, errdefs.ErrThrottled)
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("waiting for memory: %v: %w", ctx.Err(), errdefs.ErrUnavailable)
 		}
 	}
 }
@@ -323,28 +372,40 @@ func (w *Worker) evictIdleLocked(need int) []*instance {
 	for _, l := range w.idle {
 		all = append(all, l...)
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].lastUsed.Before(all[j].lastUsed) })
+	byLRU(all)
 	var victims []*instance
 	for _, in := range all {
 		if need <= 0 {
 			break
 		}
-		key := poolKey(in.ver.Name, in.ver.Version)
-		list := w.idle[key]
-		for i, x := range list {
-			if x == in {
-				w.idle[key] = append(list[:i:i], list[i+1:]...)
-				break
-			}
-		}
-		if len(w.idle[key]) == 0 {
-			delete(w.idle, key)
-		}
+		w.removeIdleLocked(in)
 		need -= in.ver.MemoryMB
 		w.liveMB -= in.ver.MemoryMB
 		victims = append(victims, in)
 	}
 	return victims
+}
+
+// removeIdleLocked takes in out of the idle pool (w.mu held).
+func (w *Worker) removeIdleLocked(in *instance) {
+	key := poolKey(in.ver.Name, in.ver.Version)
+	list := w.idle[key]
+	for i, x := range list {
+		if x == in {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.idle, key)
+	} else {
+		w.idle[key] = list
+	}
+}
+
+// byLRU sorts instances least recently used first.
+func byLRU(l []*instance) {
+	sort.Slice(l, func(i, j int) bool { return l[i].lastUsed.Before(l[j].lastUsed) })
 }
 
 // release parks a healthy instance for reuse.
@@ -364,17 +425,26 @@ func (w *Worker) retire(in *instance) {
 	w.destroy(in)
 }
 
+// fnSlots bounds a function's parallel calls on this worker.
+type fnSlots struct {
+	ch      chan struct{}
+	version int // the version whose Concurrency sized ch
+}
+
 // slot takes a concurrency slot of the function, when it has a limit.
 func (w *Worker) slot(ctx context.Context, ver function.Version, wait time.Duration) (func(), error) {
 	if ver.Concurrency <= 0 {
 		return func() {}, nil
 	}
 	w.mu.Lock()
-	ch := w.slots[ver.Name]
-	if ch == nil || cap(ch) != ver.Concurrency {
-		ch = make(chan struct{}, ver.Concurrency)
-		w.slots[ver.Name] = ch
+	sl := w.slots[ver.Name]
+	// The limit is the function's, across its versions: the newest
+	// version's setting wins (an older one never resets it).
+	if sl == nil || sl.version < ver.Version && cap(sl.ch) != ver.Concurrency {
+		sl = &fnSlots{ch: make(chan struct{}, ver.Concurrency), version: ver.Version}
+		w.slots[ver.Name] = sl
 	}
+	ch := sl.ch
 	w.mu.Unlock()
 	var timeout <-chan time.Time
 	if wait > 0 {
@@ -389,7 +459,7 @@ func (w *Worker) slot(ctx context.Context, ver function.Version, wait time.Durat
 		return nil, fmt.Errorf("function %s is at its concurrency limit of %d: retry later or raise --concurrency: %w",
 			ver.Name, ver.Concurrency, errdefs.ErrThrottled)
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("waiting for a concurrency slot: %v: %w", ctx.Err(), errdefs.ErrUnavailable)
 	}
 }
 
@@ -442,10 +512,14 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 	switch {
 	case err == nil:
 		res.Payload, res.Err = out, ferr
+		if ferr == nil && len(out) > function.MaxPayloadBytes {
+			res.Payload, res.Err = nil, &function.Error{ErrorType: "Function.ResponseSizeTooLarge", ErrorMessage: fmt.Sprintf(
+				"Response payload size (%d bytes) exceeded maximum allowed payload size (%d bytes).", len(out), function.MaxPayloadBytes)}
+		}
 		w.release(in)
 	case ctx.Err() != nil:
 		w.retire(in)
-		return res, noop, fmt.Errorf("call %s abandoned: %w", req.CallID, ctx.Err())
+		return res, noop, fmt.Errorf("call %s abandoned (%v): %w", req.CallID, ctx.Err(), errdefs.ErrUnavailable)
 	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(deadline):
 		w.retire(in)
 		res.Err = &function.Error{ErrorType: "Sandbox.Timedout",
@@ -513,16 +587,9 @@ func (w *Worker) reaper(ctx context.Context) {
 			kept = append(kept, keep...)
 		}
 		if over := len(kept) - w.cfg.MaxIdle; over > 0 {
-			sort.Slice(kept, func(i, j int) bool { return kept[i].lastUsed.Before(kept[j].lastUsed) })
+			byLRU(kept)
 			for _, in := range kept[:over] {
-				key := poolKey(in.ver.Name, in.ver.Version)
-				list := w.idle[key]
-				for i, x := range list {
-					if x == in {
-						w.idle[key] = append(list[:i], list[i+1:]...)
-						break
-					}
-				}
+				w.removeIdleLocked(in)
 				victims = append(victims, in)
 			}
 		}
@@ -544,5 +611,3 @@ func (w *Worker) IdleInstances() int {
 	}
 	return n
 }
-
-var _ = jetstream.ErrNoMessages
