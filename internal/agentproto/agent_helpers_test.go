@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor-dev/torpor/internal/testenv"
 	"github.com/torpor-dev/torpor/runtimes"
 )
 
@@ -27,12 +28,12 @@ type agentUnderTest struct {
 var agentsUnderTest = []agentUnderTest{
 	// The source file run as a script.
 	{name: "python", cmd: func(tb testing.TB) []string {
-		return []string{requirePython(tb), pythonAgentPath(tb)}
+		return []string{testenv.Python(tb), pythonAgentPath(tb)}
 	}},
 	// As the worker runs it: the embedded copy written out and
 	// precompiled, started through the bootstrap without site-packages.
 	{name: "python-embedded", cmd: func(tb testing.TB) []string {
-		py := requirePython(tb)
+		py := testenv.Python(tb)
 		dir := tb.TempDir()
 		path := filepath.Join(dir, runtimes.PythonAgentName)
 		if err := os.WriteFile(path, runtimes.PythonAgent, 0o644); err != nil {
@@ -43,39 +44,6 @@ var agentsUnderTest = []agentUnderTest{
 		}
 		return []string{py, "-S", "-c", runtimes.PythonBootstrap, dir}
 	}},
-}
-
-var (
-	pythonOnce sync.Once
-	pythonPath string
-	pythonErr  string
-)
-
-// requirePython returns the real interpreter path (not a pyenv shim, which
-// costs ~50 ms a start) or skips t with the reason. TORPOR_TEST_PYTHON
-// overrides the interpreter.
-func requirePython(t testing.TB) string {
-	t.Helper()
-	pythonOnce.Do(func() {
-		py := os.Getenv("TORPOR_TEST_PYTHON")
-		if py == "" {
-			var err error
-			if py, err = exec.LookPath("python3"); err != nil {
-				pythonErr = "python3 not on PATH: install Python 3 or set TORPOR_TEST_PYTHON"
-				return
-			}
-		}
-		out, err := exec.Command(py, "-c", "import sys; print(sys.executable)").Output()
-		if err != nil {
-			pythonErr = "cannot run " + py + ": " + err.Error()
-			return
-		}
-		pythonPath = strings.TrimSpace(string(out))
-	})
-	if pythonPath == "" {
-		t.Skip(pythonErr)
-	}
-	return pythonPath
 }
 
 func pythonAgentPath(t testing.TB) string {
@@ -202,12 +170,6 @@ func writeCode(tb testing.TB, files map[string]string) string {
 		}
 	}
 	return dir
-}
-
-func testCtx(tb testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	tb.Cleanup(cancel)
-	return ctx
 }
 
 // logs collects log records.

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
 // BenchmarkInvokeNOP measures one warm invoke round trip of a handler that
@@ -24,7 +26,7 @@ func BenchmarkInvokeNOP(b *testing.B) {
 	for _, a := range agentsUnderTest {
 		b.Run("agent="+a.name, func(b *testing.B) {
 			p := spawnAgent(b, a.cmd(b))
-			ctx := testCtx(b)
+			ctx := testenv.Ctx(b)
 			if _, err := p.client.Handshake(ctx); err != nil {
 				b.Fatal(err)
 			}

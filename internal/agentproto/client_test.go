@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
 // fakeAgent runs script against the agent end of a fresh connection and
@@ -70,11 +72,11 @@ func TestClientFailures(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fakeAgent(t, tt.script)
-			_, _, err := c.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)
+			_, _, err := c.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1"}, nil)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("Invoke error = %v, want %v", err, tt.wantErr)
 			}
-			if _, _, err := c.Invoke(testCtx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) {
+			if _, _, err := c.Invoke(testenv.Ctx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) {
 				t.Fatalf("second Invoke error = %v, want ErrUnusable", err)
 			}
 		})
@@ -86,7 +88,7 @@ func TestHandshakeVersionMismatch(t *testing.T) {
 		send(conn, Header{Type: TypeHello, V: Version + 1, Runtime: "future9", Pid: 1}, "")
 		ReadFrame(r)
 	})
-	h, err := c.Handshake(testCtx(t))
+	h, err := c.Handshake(testenv.Ctx(t))
 	if !errors.Is(err, ErrVersionMismatch) || h.Version != Version+1 {
 		t.Fatalf("Handshake = %+v, %v; want ErrVersionMismatch", h, err)
 	}
@@ -100,10 +102,10 @@ func TestInvokeValidatesBeforeSending(t *testing.T) {
 			}
 		}
 	})
-	if _, _, err := c.Invoke(testCtx(t), InvokeParams{}, nil); err == nil {
+	if _, _, err := c.Invoke(testenv.Ctx(t), InvokeParams{}, nil); err == nil {
 		t.Fatal("Invoke without an id succeeded")
 	}
-	if _, _, err := c.Invoke(testCtx(t), InvokeParams{ID: "big", Payload: make([]byte, MaxBodySize+1)}, nil); err == nil {
+	if _, _, err := c.Invoke(testenv.Ctx(t), InvokeParams{ID: "big", Payload: make([]byte, MaxBodySize+1)}, nil); err == nil {
 		t.Fatal("Invoke with an oversize payload succeeded")
 	}
 	// Neither wrote anything, so the Client is still usable.
@@ -123,7 +125,7 @@ func TestClientSerialises(t *testing.T) {
 		go func() {
 			var err error
 			for i := 0; i < 50 && err == nil; i++ {
-				_, _, err = c.Invoke(testCtx(t), InvokeParams{ID: "c"}, nil)
+				_, _, err = c.Invoke(testenv.Ctx(t), InvokeParams{ID: "c"}, nil)
 			}
 			errs <- err
 		}()

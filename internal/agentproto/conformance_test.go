@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/torpor-dev/torpor/internal/testenv"
 	"time"
 )
 
@@ -54,7 +56,7 @@ func initParams(dir string) InitParams {
 // ready handshakes and inits p with app.py = code.
 func ready(t *testing.T, p *agentProc, code string) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	if _, err := p.client.Handshake(ctx); err != nil {
 		t.Fatalf("Handshake: %v", err)
 	}
@@ -67,7 +69,7 @@ func ready(t *testing.T, p *agentProc, code string) {
 // invokeOK invokes and fails t unless the handler returned a result.
 func invokeOK(t *testing.T, p *agentProc, id, payload string, onLog func(LogRecord)) []byte {
 	t.Helper()
-	res, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: id, Payload: []byte(payload), Deadline: time.Now().Add(30 * time.Second)}, onLog)
+	res, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: id, Payload: []byte(payload), Deadline: time.Now().Add(30 * time.Second)}, onLog)
 	if err != nil {
 		t.Fatalf("Invoke %s: %v", id, err)
 	}
@@ -79,7 +81,7 @@ func invokeOK(t *testing.T, p *agentProc, id, payload string, onLog func(LogReco
 
 var conformanceCases = []conformanceCase{
 	{"hello", func(t *testing.T, p *agentProc) {
-		h, err := p.client.Handshake(testCtx(t))
+		h, err := p.client.Handshake(testenv.Ctx(t))
 		if err != nil {
 			t.Fatalf("Handshake: %v", err)
 		}
@@ -90,7 +92,7 @@ var conformanceCases = []conformanceCase{
 	}},
 
 	{"init ok", func(t *testing.T, p *agentProc) {
-		ctx := testCtx(t)
+		ctx := testenv.Ctx(t)
 		if _, err := p.client.Handshake(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +140,7 @@ var conformanceCases = []conformanceCase{
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				q := spawnAgent(t, argv)
-				ctx := testCtx(t)
+				ctx := testenv.Ctx(t)
 				if _, err := q.client.Handshake(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -178,7 +180,7 @@ var conformanceCases = []conformanceCase{
 	}},
 
 	{"module-level output is logged before ready", func(t *testing.T, p *agentProc) {
-		ctx := testCtx(t)
+		ctx := testenv.Ctx(t)
 		if _, err := p.client.Handshake(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +218,7 @@ var conformanceCases = []conformanceCase{
 
 	{"handler raising", func(t *testing.T, p *agentProc) {
 		ready(t, p, "def helper(x):\n    raise ValueError('bad value: %d' % x)\n\ndef handler(event, context):\n    helper(event['x'])\n")
-		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1", Payload: []byte(`{"x": 7}`)}, nil)
+		_, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1", Payload: []byte(`{"x": 7}`)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +236,7 @@ var conformanceCases = []conformanceCase{
 				t.Errorf("stackTrace[%d] = %q, want Lambda's format ending %q", i, ferr.StackTrace[i], want)
 			}
 		}
-		if _, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c2", Payload: []byte(`{"x": 8}`)}, nil); err != nil || ferr == nil || ferr.ErrorMessage != "bad value: 8" {
+		if _, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c2", Payload: []byte(`{"x": 8}`)}, nil); err != nil || ferr == nil || ferr.ErrorMessage != "bad value: 8" {
 			t.Errorf("second call: err %v, ferr %+v; want the agent still serving", err, ferr)
 		}
 	}},
@@ -270,7 +272,7 @@ def handler(event, context):
 		}
 		// Nothing of call-1 may trail its result.
 		var after logs
-		if err := p.client.Ping(testCtx(t), after.add); err != nil {
+		if err := p.client.Ping(testenv.Ctx(t), after.add); err != nil {
 			t.Fatal(err)
 		}
 		invokeOK(t, p, "call-2", "{}", after.add)
@@ -292,7 +294,7 @@ def handler(event, context):
 		}
 		code.WriteString("def f300():\n    raise ValueError('x' * 3000000)\n\ndef handler(event, context):\n    f0()\n")
 		ready(t, p, code.String())
-		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)
+		_, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +304,7 @@ def handler(event, context):
 		if n := len(ferr.StackTrace); n < 50 || n > 101 {
 			t.Errorf("stackTrace has %d entries, want the trimmed ~101", n)
 		}
-		if _, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c2"}, nil); err != nil {
+		if _, _, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c2"}, nil); err != nil {
 			t.Fatalf("agent stopped serving: %v", err)
 		}
 	}},
@@ -332,7 +334,7 @@ def handler(event, context):
 
 	{"non-serializable result", func(t *testing.T, p *agentProc) {
 		ready(t, p, "def handler(event, context):\n    return {'s': {1, 2}}\n")
-		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)
+		_, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +364,7 @@ def handler(event, context):
     }
 `)
 		deadline := time.Now().Add(10 * time.Second)
-		res, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "req-1", Deadline: deadline, TraceID: "Root=1-abc"}, nil)
+		res, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "req-1", Deadline: deadline, TraceID: "Root=1-abc"}, nil)
 		if err != nil || ferr != nil {
 			t.Fatalf("Invoke: %v %+v", err, ferr)
 		}
@@ -397,7 +399,7 @@ def handler(event, context):
 			t.Errorf("remaining time fell by %d ms across a 50 ms sleep", d)
 		}
 		// Without an explicit deadline the ctx deadline counts.
-		ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+		ctx, cancel := context.WithTimeout(testenv.Ctx(t), 5*time.Second)
 		defer cancel()
 		res, _, err = p.client.Invoke(ctx, InvokeParams{ID: "req-2"}, nil)
 		if err != nil {
@@ -414,14 +416,14 @@ def handler(event, context):
 
 	{"agent exit mid-call", func(t *testing.T, p *agentProc) {
 		ready(t, p, "import os\ndef handler(event, context):\n    os._exit(3)\n")
-		_, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, nil)
+		_, _, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1"}, nil)
 		if !errors.Is(err, ErrAgentExited) {
 			t.Fatalf("Invoke error = %v, want ErrAgentExited", err)
 		}
 		if code := p.waitExit(t); code != 3 {
 			t.Errorf("exit code %d, want 3", code)
 		}
-		if _, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) {
+		if _, _, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) {
 			t.Errorf("Invoke after exit: %v, want ErrUnusable", err)
 		}
 	}},
@@ -429,7 +431,7 @@ def handler(event, context):
 	{"sys.exit in handler ends the instance", func(t *testing.T, p *agentProc) {
 		ready(t, p, "import sys\ndef handler(event, context):\n    print('bye')\n    sys.exit(4)\n")
 		var l logs
-		_, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c1"}, l.add)
+		_, _, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c1"}, l.add)
 		if !errors.Is(err, ErrAgentExited) {
 			t.Fatalf("Invoke error = %v, want ErrAgentExited", err)
 		}
@@ -443,7 +445,7 @@ def handler(event, context):
 
 	{"ctx timeout returns promptly", func(t *testing.T, p *agentProc) {
 		ready(t, p, "import time\ndef handler(event, context):\n    time.sleep(30)\n")
-		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		ctx, cancel := context.WithTimeout(testenv.Ctx(t), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
 		_, _, err := p.client.Invoke(ctx, InvokeParams{ID: "c1"}, nil)
@@ -453,14 +455,14 @@ def handler(event, context):
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Invoke error = %v, want DeadlineExceeded", err)
 		}
-		if _, _, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) || errors.Is(err, context.DeadlineExceeded) {
+		if _, _, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "c2"}, nil); !errors.Is(err, ErrUnusable) || errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Invoke after timeout: %v, want ErrUnusable only", err)
 		}
 	}},
 
 	{"ctx cancel returns promptly", func(t *testing.T, p *agentProc) {
 		ready(t, p, "import time\ndef handler(event, context):\n    time.sleep(30)\n")
-		ctx, cancel := context.WithCancel(testCtx(t))
+		ctx, cancel := context.WithCancel(testenv.Ctx(t))
 		time.AfterFunc(150*time.Millisecond, cancel)
 		start := time.Now()
 		_, _, err := p.client.Invoke(ctx, InvokeParams{ID: "c1"}, nil)
@@ -474,7 +476,7 @@ def handler(event, context):
 
 	{"unknown and reserved messages", func(t *testing.T, p *agentProc) {
 		ready(t, p, echoHandler)
-		ctx := testCtx(t)
+		ctx := testenv.Ctx(t)
 		for typ, want := range map[string]string{
 			"no-such-message":     ErrorTypeUnknownMessage,
 			TypeFork:              ErrorTypeNotSupported,
@@ -495,21 +497,21 @@ def handler(event, context):
 	}},
 
 	{"invoke before init", func(t *testing.T, p *agentProc) {
-		if _, err := p.client.Handshake(testCtx(t)); err != nil {
+		if _, err := p.client.Handshake(testenv.Ctx(t)); err != nil {
 			t.Fatal(err)
 		}
-		_, ferr, err := p.client.Invoke(testCtx(t), InvokeParams{ID: "early"}, nil)
+		_, ferr, err := p.client.Invoke(testenv.Ctx(t), InvokeParams{ID: "early"}, nil)
 		if err != nil || ferr == nil || ferr.ErrorType != ErrorTypeInvalidState {
 			t.Fatalf("Invoke before init: err %v, ferr %+v; want %s", err, ferr, ErrorTypeInvalidState)
 		}
 	}},
 
 	{"ping", func(t *testing.T, p *agentProc) {
-		if _, err := p.client.Handshake(testCtx(t)); err != nil {
+		if _, err := p.client.Handshake(testenv.Ctx(t)); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < 3; i++ {
-			if err := p.client.Ping(testCtx(t), nil); err != nil {
+			if err := p.client.Ping(testenv.Ctx(t), nil); err != nil {
 				t.Fatalf("Ping %d: %v", i, err)
 			}
 		}

@@ -42,11 +42,17 @@ const (
 	// Workers is the queue group every worker joins.
 	Workers = "workers"
 
-	StreamCalls   = "TORPOR_CALLS"
-	StreamLogs    = "TORPOR_LOGS"
-	BucketFuncs   = "torpor_functions"
-	BucketCalls   = "torpor_calls"
-	BucketCode    = "torpor_code"
+	// StreamCalls is the work queue of accepted async calls.
+	StreamCalls = "TORPOR_CALLS"
+	// StreamLogs holds functions' log lines, batched per call.
+	StreamLogs = "TORPOR_LOGS"
+	// BucketFuncs is the KV bucket of function versions (see registry).
+	BucketFuncs = "torpor_functions"
+	// BucketCalls is the KV bucket of call records (see callstore).
+	BucketCalls = "torpor_calls"
+	// BucketCode is the object store of code packages, by sha256.
+	BucketCode = "torpor_code"
+	// ConsumerCalls is the durable consumer all workers pull async calls from.
 	ConsumerCalls = "workers"
 )
 
@@ -70,17 +76,17 @@ type Config struct {
 
 // Bus is a live connection to NATS JetStream with torpor's streams declared.
 type Bus struct {
-	NC  *nats.Conn
-	JS  jetstream.JetStream
-	srv *server.Server
-	log *slog.Logger
+	NC        *nats.Conn            // the connection (in-process to the embedded server)
+	JS        jetstream.JetStream   // JetStream over NC
+	Functions jetstream.KeyValue    // BucketFuncs
+	Calls     jetstream.KeyValue    // BucketCalls
+	Code      jetstream.ObjectStore // BucketCode
+	CallQueue jetstream.Stream      // StreamCalls
+	Logs      jetstream.Stream      // StreamLogs
 
-	Functions jetstream.KeyValue
-	Calls     jetstream.KeyValue
-	Code      jetstream.ObjectStore
-	CallQueue jetstream.Stream
-	Logs      jetstream.Stream
-	cfg       Config
+	srv *server.Server // nil when connected to an external server
+	log *slog.Logger
+	cfg Config
 }
 
 // Open starts or connects to NATS and declares torpor's streams and buckets.
@@ -249,7 +255,8 @@ func (b *Bus) declare(ctx context.Context) error {
 	return nil
 }
 
-// Close drains the connection and stops the embedded server.
+// Close waits (briefly) for pending async publishes, closes the connection
+// and stops the embedded server.
 func (b *Bus) Close() {
 	if b.JS != nil {
 		// Log batches are published without waiting; let them land.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -14,27 +13,11 @@ import (
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func openBus(t *testing.T) *bus.Bus {
-	t.Helper()
-	b, err := bus.Open(testCtx(t), bus.Config{StoreDir: t.TempDir()}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatalf("bus.Open: %v", err)
-	}
-	t.Cleanup(b.Close)
-	return b
-}
-
 func newStore(t *testing.T) (*Store, *bus.Bus) {
-	b := openBus(t)
+	b := testenv.Bus(t)
 	return New(b.Calls), b
 }
 
@@ -48,7 +31,7 @@ func nextMilliCallID() string {
 }
 
 func TestPutGet(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, _ := newStore(t)
 	created := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	want := function.Call{ID: function.NewCallID(), Function: "hello", Version: 3, Mode: "async",
@@ -90,7 +73,7 @@ func TestPutGet(t *testing.T) {
 }
 
 func TestGetUnknownOrMalformed(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, _ := newStore(t)
 	if err := s.Put(ctx, function.Call{ID: function.NewCallID(), Function: "f"}); err != nil {
 		t.Fatal(err)
@@ -135,7 +118,7 @@ func TestGetHonoursContext(t *testing.T) {
 }
 
 func TestUpdate(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, _ := newStore(t)
 	id := function.NewCallID()
 	if err := s.Put(ctx, function.Call{ID: id, Function: "f", Status: function.StatusQueued}); err != nil {
@@ -182,7 +165,7 @@ func TestUpdate(t *testing.T) {
 }
 
 func TestUpdateConcurrent(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, _ := newStore(t)
 	id := function.NewCallID()
 	if err := s.Put(ctx, function.Call{ID: id, Function: "f"}); err != nil {
@@ -224,7 +207,7 @@ func TestUpdateConcurrent(t *testing.T) {
 
 // Update gives up after a bounded number of lost races instead of spinning.
 func TestUpdateGivesUp(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, b := newStore(t)
 	id := function.NewCallID()
 	if err := s.Put(ctx, function.Call{ID: id, Function: "f"}); err != nil {
@@ -251,7 +234,7 @@ func TestUpdateGivesUp(t *testing.T) {
 }
 
 func TestList(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, _ := newStore(t)
 	var ids []string // oldest first
 	for i := 0; i < 5; i++ {
@@ -310,7 +293,7 @@ func TestList(t *testing.T) {
 }
 
 func TestListSkipsCorruptRecords(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s, b := newStore(t)
 	id := function.NewCallID()
 	if err := s.Put(ctx, function.Call{ID: id, Function: "f"}); err != nil {

@@ -17,11 +17,12 @@ import (
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/registry"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
 func TestDeployWithoutWorker(t *testing.T) {
 	e := newEnv(t)
-	_, err := e.d.Deploy(testCtx(t), function.Spec{Name: "f", Handler: "app.handler"}, codeZip(t))
+	_, err := e.d.Deploy(testenv.Ctx(t), function.Spec{Name: "f", Handler: "app.handler"}, codeZip(t))
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "no worker is running") {
 		t.Errorf("Deploy = %v, want ErrUnavailable saying no worker is running", err)
 	}
@@ -36,7 +37,7 @@ func TestDeploy(t *testing.T) {
 	e.fakeWorker(t, func(req function.InvokeRequest) *nats.Msg {
 		return callmsg.Reply(function.InvokeResult{CallID: req.CallID, Version: req.Version, Payload: []byte(`"hi"`)})
 	})
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	code := codeZip(t)
 	sum := sha256.Sum256(code)
 
@@ -82,7 +83,7 @@ func TestDeploy(t *testing.T) {
 	if err := e.d.DeleteFunction(ctx, "greet"); err != nil {
 		t.Fatalf("DeleteFunction: %v", err)
 	}
-	eventually(t, 5*time.Second, "deleted function to go", func() bool {
+	testenv.Eventually(t, 5*time.Second, "deleted function to go", func() bool {
 		_, err := e.d.Function(ctx, "greet", 0)
 		return errors.Is(err, errdefs.ErrNotFound)
 	})
@@ -109,7 +110,7 @@ func TestDeployValidationFailure(t *testing.T) {
 			ErrorType: "Runtime.ImportModuleError", ErrorMessage: "Unable to import module 'app': No module named 'missing_dep'",
 			StackTrace: trace}})
 	})
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 
 	_, err := e.d.Deploy(ctx, function.Spec{Name: "broken", Handler: "app.handler"}, codeZip(t))
 	if !errors.Is(err, errdefs.ErrInvalid) {
@@ -144,7 +145,7 @@ func TestDeployPlatformErrorFromValidator(t *testing.T) {
 	e.fakeValidator(t, func(function.Version) *nats.Msg {
 		return callmsg.ErrorReply(errors.Join(errors.New("sandbox: cgroup setup failed"), errdefs.ErrUnavailable))
 	})
-	_, err := e.d.Deploy(testCtx(t), function.Spec{Name: "f", Handler: "app.handler"}, codeZip(t))
+	_, err := e.d.Deploy(testenv.Ctx(t), function.Spec{Name: "f", Handler: "app.handler"}, codeZip(t))
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "cgroup setup failed") {
 		t.Errorf("Deploy = %v, want the worker's ErrUnavailable", err)
 	}
@@ -168,7 +169,7 @@ func TestDeployRejectsBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := e.d.Deploy(testCtx(t), tt.spec, tt.code)
+			_, err := e.d.Deploy(testenv.Ctx(t), tt.spec, tt.code)
 			if err == nil {
 				t.Fatal("Deploy succeeded")
 			}
@@ -191,7 +192,7 @@ func TestDeployRejectedLeavesNoCode(t *testing.T) {
 	e.fakeValidator(t, func(v function.Version) *nats.Msg {
 		return callmsg.Reply(function.InvokeResult{Version: v.Version, Err: &function.Error{ErrorType: "SyntaxError", ErrorMessage: "x"}})
 	})
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	code := codeZip(t)
 	if _, err := e.d.Deploy(ctx, function.Spec{Name: "rejected", Handler: "app.handler"}, code); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("Deploy = %v", err)

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -21,37 +20,8 @@ import (
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/registry"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
-
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// eventually polls cond every few milliseconds until it holds or d passed.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !within(d, cond) {
-		t.Fatalf("timed out after %s waiting for %s", d, what)
-	}
-}
-
-// within polls cond every few milliseconds and reports whether it held
-// before d passed.
-func within(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
 
 type env struct {
 	bus   *bus.Bus
@@ -64,26 +34,22 @@ type env struct {
 // with no worker.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	b, err := bus.Open(testCtx(t), bus.Config{StoreDir: t.TempDir()}, discard())
-	if err != nil {
-		t.Fatalf("bus.Open: %v", err)
-	}
-	t.Cleanup(b.Close)
+	b := testenv.Bus(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	reg, err := registry.New(ctx, b.Functions, b.Code, discard())
+	reg, err := registry.New(ctx, b.Functions, b.Code, testenv.Logger(t))
 	if err != nil {
 		t.Fatalf("registry.New: %v", err)
 	}
 	calls := callstore.New(b.Calls)
-	return &env{bus: b, reg: reg, calls: calls, d: New(b, reg, calls, nil, discard())}
+	return &env{bus: b, reg: reg, calls: calls, d: New(b, reg, calls, nil, testenv.Logger(t))}
 }
 
 // commit stores a version of name directly in the registry (no validation
 // round trip) and waits until the registry serves it.
 func (e *env) commit(t *testing.T, name string) function.Version {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	s := function.Spec{Name: name, Handler: "app.handler"}
 	if err := s.Normalize(); err != nil {
 		t.Fatal(err)
@@ -95,7 +61,7 @@ func (e *env) commit(t *testing.T, name string) function.Version {
 	if err := e.reg.Commit(ctx, v, rev); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, name+" to be resolvable", func() bool {
+	testenv.Eventually(t, 5*time.Second, name+" to be resolvable", func() bool {
 		got, err := e.reg.Resolve(name, 0)
 		return err == nil && got.Version == v.Version
 	})
@@ -178,7 +144,7 @@ func TestInvokeWithoutWorker(t *testing.T) {
 	e := newEnv(t)
 	e.commit(t, "hello")
 	start := time.Now()
-	_, err := e.d.Invoke(testCtx(t), function.InvokeRequest{Function: "hello", Payload: []byte(`{}`)})
+	_, err := e.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "hello", Payload: []byte(`{}`)})
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("Invoke = %v, want ErrUnavailable", err)
 	}
@@ -212,11 +178,11 @@ func TestInvokeRejectsBeforeSending(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := e.d.Invoke(testCtx(t), tt.req)
+			_, err := e.d.Invoke(testenv.Ctx(t), tt.req)
 			if !errors.Is(err, tt.class) || !strings.Contains(err.Error(), tt.text) {
 				t.Errorf("Invoke = %v, want %v containing %q", err, tt.class, tt.text)
 			}
-			_, err = e.d.InvokeAsync(testCtx(t), tt.req)
+			_, err = e.d.InvokeAsync(testenv.Ctx(t), tt.req)
 			if !errors.Is(err, tt.class) {
 				t.Errorf("InvokeAsync = %v, want %v", err, tt.class)
 			}
@@ -248,7 +214,7 @@ func TestInvokeWithFakeWorker(t *testing.T) {
 		}
 		return callmsg.Reply(res)
 	})
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 
 	t.Run("latest", func(t *testing.T) {
 		res, err := e.d.Invoke(ctx, function.InvokeRequest{Function: "echo", Payload: []byte(`{"n":1}`)})
@@ -324,7 +290,7 @@ func TestInvokeCancelled(t *testing.T) {
 func TestInvokeAsync(t *testing.T) {
 	e := newEnv(t)
 	v := e.commit(t, "job")
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 
 	before := time.Now().UTC()
 	c, err := e.d.InvokeAsync(ctx, function.InvokeRequest{Function: "job", Payload: []byte(`{"k":"v"}`)})
@@ -405,7 +371,7 @@ func TestInvokeAsync(t *testing.T) {
 func TestInvokeAsyncDuplicateKeepsOutcome(t *testing.T) {
 	e := newEnv(t)
 	e.commit(t, "job")
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	c, err := e.d.InvokeAsync(ctx, function.InvokeRequest{Function: "job"})
 	if err != nil {
 		t.Fatal(err)
@@ -436,7 +402,7 @@ func TestInvokeAsyncDuplicateKeepsOutcome(t *testing.T) {
 
 func TestCallsAndCallValidate(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	if _, err := e.d.Calls(ctx, "bad name", 10); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("Calls(bad name) = %v, want ErrInvalid", err)
 	}
@@ -476,13 +442,13 @@ func (f *fakeLocal) Serve(_ context.Context, req function.InvokeRequest) (functi
 func TestInvokeLocalHotPath(t *testing.T) {
 	e := newEnv(t)
 	local := &fakeLocal{idle: map[string]bool{"fn@2": true}}
-	e.d = New(e.bus, e.reg, e.calls, local, discard())
+	e.d = New(e.bus, e.reg, e.calls, local, testenv.Logger(t))
 	e.commit(t, "fn")
 	e.commit(t, "fn") // v2 is idle locally, v1 is not
 	remote := e.fakeWorker(t, func(req function.InvokeRequest) *nats.Msg {
 		return callmsg.Reply(function.InvokeResult{CallID: req.CallID, Version: req.Version, Payload: []byte(`"remote"`)})
 	})
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 
 	tests := []struct {
 		name    string
@@ -532,7 +498,7 @@ func TestInvokeLocalHotPath(t *testing.T) {
 func TestInvokeAsyncEnqueueFailure(t *testing.T) {
 	e := newEnv(t)
 	e.commit(t, "job")
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	if err := e.bus.JS.DeleteStream(ctx, bus.StreamCalls); err != nil {
 		t.Fatal(err)
 	}

@@ -12,13 +12,14 @@ import (
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
 func TestLogs(t *testing.T) {
 	e := newEnv(t)
 	e.commit(t, "quiet")
 	e.commit(t, "chatty")
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 
 	t.Run("no logs returns promptly", func(t *testing.T) {
 		start := time.Now()
@@ -96,9 +97,9 @@ func TestLogs(t *testing.T) {
 			})
 		}()
 		lines := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(got, ",") }
-		eventually(t, 5*time.Second, "existing lines", func() bool { return lines() == "one,two,three" })
+		testenv.Eventually(t, 5*time.Second, "existing lines", func() bool { return lines() == "one,two,three" })
 		publish("four")
-		eventually(t, 5*time.Second, "a line published while following", func() bool { return lines() == "one,two,three,four" })
+		testenv.Eventually(t, 5*time.Second, "a line published while following", func() bool { return lines() == "one,two,three,four" })
 		cancel()
 		select {
 		case err := <-done:
@@ -116,14 +117,14 @@ func TestLogs(t *testing.T) {
 func TestLogsReleasesConsumer(t *testing.T) {
 	e := newEnv(t)
 	e.commit(t, "q")
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	for i := 0; i < 3; i++ {
 		if err := e.d.Logs(ctx, "q", false, func(function.LogLine) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	left := -1
-	if within(time.Second, func() bool {
+	if testenv.Within(time.Second, func() bool {
 		info, err := e.bus.Logs.Info(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -15,45 +14,15 @@ import (
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
-
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// eventually polls cond every few milliseconds until it holds or d passed.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func openBus(t *testing.T) *bus.Bus {
-	t.Helper()
-	b, err := bus.Open(testCtx(t), bus.Config{StoreDir: t.TempDir()}, discard())
-	if err != nil {
-		t.Fatalf("bus.Open: %v", err)
-	}
-	t.Cleanup(b.Close)
-	return b
-}
 
 // newRegistry starts a Registry on b that lives until the test ends.
 func newRegistry(t *testing.T, b *bus.Bus) *Registry {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	r, err := New(ctx, b.Functions, b.Code, discard())
+	r, err := New(ctx, b.Functions, b.Code, testenv.Logger(t))
 	if err != nil {
 		t.Fatalf("registry.New: %v", err)
 	}
@@ -71,7 +40,7 @@ func spec(name string) function.Spec {
 // deploy prepares and commits one version of name and waits until r sees it.
 func deploy(t *testing.T, r *Registry, name string) function.Version {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testenv.Ctx(t)
 	v, rev, err := r.Prepare(ctx, spec(name), "digest-"+name, 10)
 	if err != nil {
 		t.Fatalf("Prepare %s: %v", name, err)
@@ -88,8 +57,8 @@ func deploy(t *testing.T, r *Registry, name string) function.Version {
 }
 
 func TestPrepareCommitSequence(t *testing.T) {
-	ctx := testCtx(t)
-	r := newRegistry(t, openBus(t))
+	ctx := testenv.Ctx(t)
+	r := newRegistry(t, testenv.Bus(t))
 
 	var uid int
 	for want := 1; want <= 3; want++ {
@@ -131,7 +100,7 @@ func TestPrepareCommitSequence(t *testing.T) {
 			t.Fatalf("ResolveWait v%d = %+v, %v", want, got, err)
 		}
 	}
-	eventually(t, 5*time.Second, "latest to be v3", func() bool {
+	testenv.Eventually(t, 5*time.Second, "latest to be v3", func() bool {
 		v, err := r.Resolve("hello", 0)
 		return err == nil && v.Version == 3
 	})
@@ -147,8 +116,8 @@ func TestPrepareCommitSequence(t *testing.T) {
 }
 
 func TestCommitConflict(t *testing.T) {
-	ctx := testCtx(t)
-	r := newRegistry(t, openBus(t))
+	ctx := testenv.Ctx(t)
+	r := newRegistry(t, testenv.Bus(t))
 
 	// Two first deploys of the same name (rev 0 on both).
 	a, revA, err := r.Prepare(ctx, spec("f"), "a", 1)
@@ -193,8 +162,8 @@ func TestCommitConflict(t *testing.T) {
 }
 
 func TestCommitConcurrent(t *testing.T) {
-	ctx := testCtx(t)
-	r := newRegistry(t, openBus(t))
+	ctx := testenv.Ctx(t)
+	r := newRegistry(t, testenv.Bus(t))
 	const n = 8
 	var (
 		wg       sync.WaitGroup
@@ -242,10 +211,10 @@ func TestCommitConcurrent(t *testing.T) {
 }
 
 func TestResolve(t *testing.T) {
-	r := newRegistry(t, openBus(t))
+	r := newRegistry(t, testenv.Bus(t))
 	deploy(t, r, "fn")
 	deploy(t, r, "fn")
-	eventually(t, 5*time.Second, "latest to be v2", func() bool {
+	testenv.Eventually(t, 5*time.Second, "latest to be v2", func() bool {
 		v, err := r.Resolve("fn", 0)
 		return err == nil && v.Version == 2
 	})
@@ -286,8 +255,8 @@ func TestResolve(t *testing.T) {
 }
 
 func TestResolveWaitSeesOtherRegistry(t *testing.T) {
-	ctx := testCtx(t)
-	b := openBus(t)
+	ctx := testenv.Ctx(t)
+	b := testenv.Bus(t)
 	writer := newRegistry(t, b)
 	reader := newRegistry(t, b)
 
@@ -327,7 +296,7 @@ func TestResolveWaitSeesOtherRegistry(t *testing.T) {
 }
 
 func TestResolveWaitTimesOut(t *testing.T) {
-	r := newRegistry(t, openBus(t))
+	r := newRegistry(t, testenv.Bus(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -341,7 +310,7 @@ func TestResolveWaitTimesOut(t *testing.T) {
 }
 
 func TestNewLoadsExistingState(t *testing.T) {
-	b := openBus(t)
+	b := testenv.Bus(t)
 	first := newRegistry(t, b)
 	deploy(t, first, "a")
 	deploy(t, first, "a")
@@ -360,8 +329,8 @@ func TestNewLoadsExistingState(t *testing.T) {
 }
 
 func TestDelete(t *testing.T) {
-	ctx := testCtx(t)
-	b := openBus(t)
+	ctx := testenv.Ctx(t)
+	b := testenv.Bus(t)
 	r := newRegistry(t, b)
 	v1 := deploy(t, r, "gone")
 	deploy(t, r, "gone")
@@ -370,7 +339,7 @@ func TestDelete(t *testing.T) {
 	if err := r.Delete(ctx, "gone"); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
-	eventually(t, 5*time.Second, "deleted function to disappear from the cache", func() bool {
+	testenv.Eventually(t, 5*time.Second, "deleted function to disappear from the cache", func() bool {
 		_, e0 := r.Resolve("gone", 0)
 		_, e1 := r.Resolve("gone", 1)
 		_, e2 := r.Resolve("gone", 2)
@@ -411,8 +380,8 @@ func TestDelete(t *testing.T) {
 }
 
 func TestCode(t *testing.T) {
-	ctx := testCtx(t)
-	b := openBus(t)
+	ctx := testenv.Ctx(t)
+	b := testenv.Bus(t)
 	r := newRegistry(t, b)
 
 	zip := []byte("PK\x03\x04 pretend this is a zip")
@@ -466,14 +435,14 @@ func TestCode(t *testing.T) {
 }
 
 func TestFunctionsSorted(t *testing.T) {
-	r := newRegistry(t, openBus(t))
+	r := newRegistry(t, testenv.Bus(t))
 	if got := r.Functions(); len(got) != 0 {
 		t.Fatalf("empty registry lists %v", got)
 	}
 	for _, n := range []string{"zeta", "alpha", "Mid", "beta", "alpha"} {
 		deploy(t, r, n)
 	}
-	eventually(t, 5*time.Second, "four functions", func() bool { return len(r.Functions()) == 4 })
+	testenv.Eventually(t, 5*time.Second, "four functions", func() bool { return len(r.Functions()) == 4 })
 	var names []string
 	for _, f := range r.Functions() {
 		names = append(names, f.Name)
@@ -482,7 +451,7 @@ func TestFunctionsSorted(t *testing.T) {
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("Functions() = %v, want %v", names, want)
 	}
-	eventually(t, 5*time.Second, "alpha at v2", func() bool {
+	testenv.Eventually(t, 5*time.Second, "alpha at v2", func() bool {
 		for _, f := range r.Functions() {
 			if f.Name == "alpha" {
 				return f.Version == 2
@@ -494,8 +463,8 @@ func TestFunctionsSorted(t *testing.T) {
 
 // A corrupt entry is skipped, not fatal: the rest of the registry works.
 func TestCorruptEntryIgnored(t *testing.T) {
-	ctx := testCtx(t)
-	b := openBus(t)
+	ctx := testenv.Ctx(t)
+	b := testenv.Bus(t)
 	if _, err := b.Functions.Put(ctx, "fn.bad", []byte("{not json")); err != nil {
 		t.Fatal(err)
 	}
@@ -507,8 +476,8 @@ func TestCorruptEntryIgnored(t *testing.T) {
 }
 
 func TestWaitVersion(t *testing.T) {
-	ctx := testCtx(t)
-	b := openBus(t)
+	ctx := testenv.Ctx(t)
+	b := testenv.Bus(t)
 	writer := newRegistry(t, b)
 	reader := newRegistry(t, b)
 	deploy(t, writer, "w")

@@ -35,18 +35,6 @@ func requireRoot(tb testing.TB) {
 	}
 }
 
-// eventually polls cond every few milliseconds until it is true or d passed.
-func eventually(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // nextUID hands each sandbox of the test run its own uid, so that one
 // test's processes cannot count against another's per-uid limits.
 var nextUID atomic.Int64

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/testenv"
 )
 
 // TestIsolation runs small programs inside sandboxes and checks what they see.
@@ -279,11 +280,11 @@ func TestCgroupLimits(t *testing.T) {
 	s, _, _ := startCaptured(t, m, spec)
 	// Wait for the allocation: Stats of a live sandbox.
 	var st Stats
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, "memory usage of 24 MB", func() bool {
 		var err error
 		st, err = s.Stats()
 		return err == nil && st.MemoryBytes >= 24<<20
-	}, "memory usage of 24 MB")
+	})
 	if st.MaxMemoryBytes < st.MemoryBytes {
 		t.Errorf("stats %+v: peak below current", st)
 	}
@@ -345,9 +346,9 @@ while True:
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return n
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, "the fork bomb to reach pids.max = 32 and have forks refused", func() bool {
 		return read("pids.current", "") == 32 && read("pids.events", "max") > 0
-	}, "the fork bomb to reach pids.max = 32 and have forks refused")
+	})
 	for range 10 {
 		if n := read("pids.current", ""); n > 32 {
 			t.Fatalf("pids.current = %d, above the limit of 32", n)
@@ -378,7 +379,7 @@ func TestKillRemovesTree(t *testing.T) {
 	spec := shSpec("killtree", `sleep 1000 & sleep 1000 & (sleep 1000 &) ; echo ready; wait`)
 	s, _, _ := startCaptured(t, m, spec)
 	var pids []int
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, "4 processes in the sandbox", func() bool {
 		b, err := os.ReadFile(filepath.Join(s.cg.dir("pids"), "cgroup.procs"))
 		if err != nil {
 			return false
@@ -389,7 +390,7 @@ func TestKillRemovesTree(t *testing.T) {
 			pids = append(pids, n)
 		}
 		return len(pids) == 4
-	}, "4 processes in the sandbox")
+	})
 	if !slices.Contains(pids, s.Pid()) {
 		t.Errorf("cgroup.procs %v lacks the init %d", pids, s.Pid())
 	}

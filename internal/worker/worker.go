@@ -319,12 +319,8 @@ func (w *Worker) reserve(ctx context.Context, mb int, wait time.Duration) error 
 	if mb > w.cfg.MemoryBudgetMB {
 		return errdefs.Invalid(fmt.Sprintf("the function's memory limit of %d MB exceeds this worker's memory budget of %d MB", mb, w.cfg.MemoryBudgetMB))
 	}
-	var timeout <-chan time.Time
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
+	timeout, stop := optionalTimer(wait)
+	defer stop()
 	for {
 		w.mu.Lock()
 		victims := w.evictIdleLocked(w.liveMB + mb - w.cfg.MemoryBudgetMB)
@@ -425,6 +421,15 @@ func (w *Worker) retire(in *instance) {
 	w.destroy(in)
 }
 
+// optionalTimer returns a channel that fires after d, or never when d is 0.
+func optionalTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	if d <= 0 {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
+
 // fnSlots bounds a function's parallel calls on this worker.
 type fnSlots struct {
 	ch      chan struct{}
@@ -446,12 +451,8 @@ func (w *Worker) slot(ctx context.Context, ver function.Version, wait time.Durat
 	}
 	ch := sl.ch
 	w.mu.Unlock()
-	var timeout <-chan time.Time
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
+	timeout, stop := optionalTimer(wait)
+	defer stop()
 	select {
 	case ch <- struct{}{}:
 		return func() { <-ch }, nil
