@@ -35,7 +35,8 @@ type Error struct {
 }
 
 // Error codes of the /v1 API, one per error class (see internal/errdefs),
-// plus method_not_allowed for a known path with the wrong method.
+// plus method_not_allowed for a known path with the wrong method and
+// unauthorized for a request without the right API token.
 const (
 	CodeNotFound         = "not_found"          // 404
 	CodeInvalid          = "invalid"            // 400
@@ -46,6 +47,7 @@ const (
 	CodeTimeout          = "timeout"            // 504
 	CodeInternal         = "internal"           // 500
 	CodeMethodNotAllowed = "method_not_allowed" // 405
+	CodeUnauthorized     = "unauthorized"       // 401, with WWW-Authenticate: Bearer
 )
 
 // FunctionList is the body of GET /v1/functions.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,7 +82,7 @@ func TestDeployInvoke(t *testing.T) {
 
 	// The AWS SDK, unmodified, pointed at torpor.
 	lc := lambda.New(lambda.Options{Region: "us-east-1", BaseEndpoint: aws.String(s.endpoint),
-		Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", "")})
+		Credentials: credentials.NewStaticCredentialsProvider(s.token, "any-secret", "")})
 	ctx := context.Background()
 	lo, err := lc.Invoke(ctx, &lambda.InvokeInput{FunctionName: aws.String("echo"), Payload: []byte(`{"sdk":1}`),
 		LogType: types.LogTypeTail})
@@ -139,11 +138,9 @@ func TestDeployInvoke(t *testing.T) {
 		return nil
 	})
 	// Metrics.
-	resp, err := http.Get(s.endpoint + "/metrics")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("metrics: %v", err)
+	if r := s.get("/metrics", nil); r.Status != 200 || !strings.Contains(r.Body, `torpor_calls_total{function="echo"`) {
+		t.Fatalf("metrics: %d %s", r.Status, tail(r.Body, 500))
 	}
-	resp.Body.Close()
 
 	// rm.
 	if _, errOut, err := s.cli("rm", "echo"); err != nil {

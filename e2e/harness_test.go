@@ -54,10 +54,13 @@ type server struct {
 	t        *testing.T
 	home     string
 	endpoint string
-	args     []string
-	cmd      *exec.Cmd
-	out      *syncBuffer
-	done     chan struct{}
+	// token is the API token the server wrote, sent on every request the
+	// harness makes ("" under --auth none).
+	token string
+	args  []string
+	cmd   *exec.Cmd
+	out   *syncBuffer
+	done  chan struct{}
 }
 
 type syncBuffer struct {
@@ -120,6 +123,36 @@ func (s *server) start() {
 		}
 		return nil
 	})
+	s.token = s.readToken()
+}
+
+// readToken reads the API token the server uses: from --api-token-file or
+// <home>/api-token, or none under --auth none. The server writes the file
+// before it serves.
+func (s *server) readToken() string {
+	t := s.t
+	t.Helper()
+	file := filepath.Join(s.home, "api-token")
+	for i := 0; i+1 < len(s.args); i++ {
+		switch {
+		case s.args[i] == "--auth" && s.args[i+1] == "none":
+			return ""
+		case s.args[i] == "--api-token-file":
+			file = s.args[i+1]
+		}
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("read the API token: %v\n%s", err, tail(s.out.String(), 3000))
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// authorize adds the server's API token to req.
+func (s *server) authorize(req *http.Request) {
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
 }
 
 // kill SIGKILLs the server, as a crash would.
@@ -169,10 +202,16 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() error
 	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
 
-// cli runs the torpor CLI against the server.
+// cli runs the torpor CLI against the server, with its token.
 func (s *server) cli(args ...string) (string, string, error) {
+	return s.cliEnv([]string{"TORPOR_TOKEN=" + s.token}, args...)
+}
+
+// cliEnv runs the torpor CLI against the server with env added to the
+// environment (later entries win).
+func (s *server) cliEnv(env []string, args ...string) (string, string, error) {
 	cmd := exec.Command(torporBin, args...)
-	cmd.Env = append(os.Environ(), "TORPOR_ENDPOINT="+s.endpoint)
+	cmd.Env = append(append(os.Environ(), "TORPOR_ENDPOINT="+s.endpoint), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -219,6 +258,7 @@ func (s *server) deployZip(name string, zipb []byte, o deployOpts) (int, string)
 	body, _ := json.Marshal(o)
 	req, _ := http.NewRequest(http.MethodPut, s.endpoint+"/v1/functions/"+name, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	s.authorize(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatalf("deploy %s: %v", name, err)
@@ -249,17 +289,35 @@ func (s *server) invoke(name, payload string) invokeResp {
 	return s.post("/v1/functions/"+name+"/invoke", payload, nil)
 }
 
+// post sends payload to path with the server's token; hdr is set after
+// it, so a test can replace or (with "") drop the Authorization header.
 func (s *server) post(path, payload string, hdr map[string]string) invokeResp {
 	s.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, s.endpoint+path, strings.NewReader(payload))
+	return s.request(http.MethodPost, path, payload, hdr)
+}
+
+// get is post's GET.
+func (s *server) get(path string, hdr map[string]string) invokeResp {
+	s.t.Helper()
+	return s.request(http.MethodGet, path, "", hdr)
+}
+
+func (s *server) request(method, path, payload string, hdr map[string]string) invokeResp {
+	s.t.Helper()
+	req, _ := http.NewRequest(method, s.endpoint+path, strings.NewReader(payload))
+	s.authorize(req)
 	for k, v := range hdr {
+		if v == "" {
+			req.Header.Del(k)
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	if err != nil {
-		s.t.Fatalf("POST %s: %v", path, err)
+		s.t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -269,18 +327,13 @@ func (s *server) post(path, payload string, hdr map[string]string) invokeResp {
 
 func (s *server) getJSON(path string, v any) int {
 	s.t.Helper()
-	resp, err := http.Get(s.endpoint + path)
-	if err != nil {
-		s.t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if v != nil && resp.StatusCode == 200 {
-		if err := json.Unmarshal(b, v); err != nil {
-			s.t.Fatalf("GET %s: decode %q: %v", path, b, err)
+	r := s.get(path, nil)
+	if v != nil && r.Status == 200 {
+		if err := json.Unmarshal([]byte(r.Body), v); err != nil {
+			s.t.Fatalf("GET %s: decode %q: %v", path, r.Body, err)
 		}
 	}
-	return resp.StatusCode
+	return r.Status
 }
 
 // mustOK asserts a successful call and returns its body.

@@ -53,6 +53,7 @@ def handler(event, context):
         return r
     out = {
         "list_home_code": probe(lambda: os.listdir(home + "/code")),
+        "read_api_token": probe(lambda: open(home + "/api-token").read()),
         "glob_code": probe(lambda: glob.glob(home + "/code/*/app.py") or (_ for _ in ()).throw(FileNotFoundError())),
         "read_victim_tmp": probe(lambda: open("/tmp/secret.txt").read()),
         "write_root": probe(lambda: write("/evil")),

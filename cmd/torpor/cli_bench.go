@@ -62,7 +62,7 @@ ratio of torpor's p50 and p99 to the baseline's, and writes every latency to
 			if out == "" {
 				out = filepath.Join("bench", "results", "warm-"+time.Now().UTC().Format("20060102T150405Z"))
 			}
-			opts.Endpoint, opts.OutDir = g.endpoint, out
+			opts.Endpoint, opts.Token, opts.OutDir = g.endpoint, g.apiToken(), out
 			rep, err := bench.Warm(cmd.Context(), opts, cmd.OutOrStdout())
 			if err != nil {
 				return err

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/torpor-dev/torpor/internal/client"
+	"github.com/torpor-dev/torpor/internal/config"
 )
 
 // defaultEndpoint is where "torpor up" serves the API.
@@ -24,11 +26,26 @@ const (
 // globals are the persistent flags shared by the client commands.
 type globals struct {
 	endpoint string
+	token    string // --token; see apiToken
 }
 
-// client returns an API client of the gateway at --endpoint.
+// client returns an API client of the gateway at --endpoint that sends the
+// API token.
 func (g *globals) client() (*client.Client, error) {
-	return client.New(g.endpoint)
+	return client.New(g.endpoint, client.WithToken(g.apiToken()))
+}
+
+// apiToken is the token the client commands send: --token, else
+// TORPOR_TOKEN, else the file a server on this machine wrote, read when
+// the command runs (never a flag default, which --help would print).
+func (g *globals) apiToken() string {
+	return client.ResolveToken(g.token, os.Getenv("TORPOR_TOKEN"), defaultTokenFile())
+}
+
+// defaultTokenFile is where a server with the default home keeps its
+// API token: $TORPOR_HOME/api-token, by default ~/.torpor/api-token.
+func defaultTokenFile() string {
+	return filepath.Join(config.DefaultHome(), config.APITokenFileName)
 }
 
 func endpointDefault() string {
@@ -49,6 +66,15 @@ func describe(err error) string {
 			cause = ue.Err // drop the repeated method and URL
 		}
 		return fmt.Sprintf("cannot reach torpor at %s: is `torpor up` running? (%v)", ce.Endpoint, cause)
+	}
+	var ae *client.AuthError
+	if errors.As(err, &ae) {
+		const what = "set TORPOR_TOKEN or --token (the server's token is in $TORPOR_HOME/api-token)"
+		if !ae.TokenSent {
+			return fmt.Sprintf("torpor at %s wants an API token and none was found (--token, TORPOR_TOKEN, %s): %s",
+				ae.Endpoint, defaultTokenFile(), what)
+		}
+		return fmt.Sprintf("torpor at %s refused the API token: %s", ae.Endpoint, what)
 	}
 	return err.Error()
 }

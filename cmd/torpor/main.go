@@ -49,12 +49,15 @@ func newRootCmd() *cobra.Command {
 
 Start everything on this machine with "torpor up", then deploy and call
 functions with the client commands below, which talk to the gateway at
---endpoint.`,
+--endpoint with the API token of --token, TORPOR_TOKEN or, on the server's
+machine, $TORPOR_HOME/api-token.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.endpoint, "endpoint", endpointDefault(),
 		"URL of the torpor gateway (env TORPOR_ENDPOINT)")
+	root.PersistentFlags().StringVar(&g.token, "token", "",
+		"API token of the gateway (env TORPOR_TOKEN; default: the contents of $TORPOR_HOME/api-token, which the server writes)")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w\nRun '%s --help' for usage.", err, cmd.CommandPath())}
 	})

@@ -42,6 +42,10 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 	f.DurationVar(&cfg.Retention, "retention", cfg.Retention, "how long call records and logs are kept")
 	if roles.Gateway {
 		f.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address (env TORPOR_LISTEN)")
+		f.StringVar((*string)(&cfg.Auth), "auth", string(cfg.Auth),
+			"token: every route but /healthz needs the API token; none: no authentication, for tests and trusted networks only (env TORPOR_AUTH)")
+		f.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile,
+			"file holding the API token, created with a random one when missing (default $TORPOR_HOME/api-token; env TORPOR_API_TOKEN_FILE)")
 	}
 	if roles.Gateway && roles.Worker {
 		f.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "let other nodes join the embedded NATS on this address (env TORPOR_NATS_LISTEN)")

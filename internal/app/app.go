@@ -49,6 +49,16 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 	if roles.Worker && os.Geteuid() != 0 {
 		return errors.New("a worker must run as root (it creates namespaces and cgroups for sandboxes): run `sudo torpor up`")
 	}
+	// Load the API token before opening anything, so that a bad token file
+	// fails fast, and before the endpoint file appears, so that a client
+	// that waits for that file finds the token there too.
+	var apiToken string
+	if roles.Gateway {
+		var err error
+		if apiToken, err = loadAPIToken(cfg, log); err != nil {
+			return err
+		}
+	}
 	// Resolve the runtime before opening anything, so a missing interpreter
 	// fails fast with a clear message.
 	var py config.Interpreter
@@ -120,7 +130,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			local = w
 		}
 		d := dispatch.New(b, reg, calls, local, log.With("part", "dispatch"))
-		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg})
+		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg, Token: apiToken})
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w (is another torpor running? pick another address with --listen)", cfg.Listen, err)
@@ -135,7 +145,11 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			IdleTimeout: 2 * time.Minute}
 		go func() { srvErr <- srv.Serve(ln) }()
 		closers = append(closers, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
-		log.Info("torpor is serving", "endpoint", endpoint, "home", cfg.Home)
+		serving := []any{"endpoint", endpoint, "home", cfg.Home, "auth", string(cfg.Auth)}
+		if apiToken != "" {
+			serving = append(serving, "api_token_file", cfg.APITokenPath())
+		}
+		log.Info("torpor is serving", serving...)
 	}
 
 	select {
@@ -147,4 +161,27 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 	}
 	log.Info("shutting down")
 	return nil
+}
+
+// loadAPIToken returns the token the gateway requires, creating the token
+// file on first start, or "" with a warning under --auth none.
+func loadAPIToken(cfg config.Config, log *slog.Logger) (string, error) {
+	if cfg.Auth == config.AuthNone {
+		log.Warn("authentication is off (--auth none): anyone who can reach the API can deploy and run code; "+
+			"use it only for tests or on a trusted network", "listen", cfg.Listen)
+		return "", nil
+	}
+	tok, err := config.LoadAPIToken(cfg.APITokenPath())
+	if err != nil {
+		return "", err
+	}
+	if tok.Created {
+		log.Info("created the API token: clients on this machine read it; elsewhere set TORPOR_TOKEN to its contents",
+			"file", tok.Path)
+	}
+	if tok.Mode&0o077 != 0 {
+		log.Warn("the API token file is readable by other users: chmod 600 it", "file", tok.Path,
+			"mode", fmt.Sprintf("%04o", tok.Mode))
+	}
+	return tok.Value, nil
 }

@@ -18,7 +18,8 @@ import (
 type target struct {
 	series string
 	url    string
-	torpor bool // the answer carries X-Torpor-Start and Server-Timing
+	torpor bool   // the answer carries X-Torpor-Start and Server-Timing
+	auth   string // Authorization header to send; "" sends none
 }
 
 // callResult is the outcome of one call as the client saw it.
@@ -87,6 +88,9 @@ func call(ctx context.Context, hc *http.Client, t target) callResult {
 		return r
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if t.auth != "" {
+		req.Header.Set("Authorization", t.auth)
+	}
 	begin := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -91,6 +91,27 @@ func TestCall(t *testing.T) {
 	}
 }
 
+// A target's Authorization goes with every call; a target without one
+// (the baseline) sends none.
+func TestCallAuthorization(t *testing.T) {
+	for _, auth := range []string{"", "Bearer tok-0123456789abcdef"} {
+		got := make(chan []string, 1)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got <- r.Header.Values("Authorization")
+			w.Write([]byte("{}"))
+		}))
+		r := call(context.Background(), newHTTPClient(1), target{url: srv.URL, auth: auth})
+		srv.Close()
+		if r.err != nil {
+			t.Fatalf("auth %q: %v", auth, r.err)
+		}
+		h := <-got
+		if auth == "" && len(h) != 0 || auth != "" && (len(h) != 1 || h[0] != auth) {
+			t.Errorf("target auth %q: the server got Authorization %q", auth, h)
+		}
+	}
+}
+
 func TestRunCalls(t *testing.T) {
 	var inflight, peak atomic.Int64
 	var mu sync.Mutex

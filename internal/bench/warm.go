@@ -43,6 +43,9 @@ const nopCode = "def handler(e, c):\n    return {}\n"
 type WarmOptions struct {
 	// Endpoint is the running torpor gateway, e.g. http://127.0.0.1:8080.
 	Endpoint string
+	// Token is the gateway's API token, sent as "Authorization: Bearer" on
+	// every torpor request (the baseline gets none); empty sends none.
+	Token string
 	// Calls is the number of measured calls per series and concurrency.
 	Calls int
 	// Warmup is the number of unmeasured calls per series and concurrency
@@ -190,17 +193,23 @@ func Warm(ctx context.Context, opts WarmOptions, out io.Writer) (*WarmReport, er
 	defer base.Close()
 	fmt.Fprintf(out, "baseline: %s at %s\n", py.Path, base.URL)
 
-	v, err := deployNOP(ctx, opts.Endpoint, opts.Function)
+	v, err := deployNOP(ctx, opts.Endpoint, opts.Token, opts.Function)
 	if err != nil {
 		return nil, err
 	}
 	rep.FunctionVersion = v
 	fmt.Fprintf(out, "deployed %s version %d to %s\n", opts.Function, v, opts.Endpoint)
 
+	var auth string
+	if opts.Token != "" {
+		auth = "Bearer " + opts.Token
+	}
+	// Both torpor series authenticate with the Bearer header: a SigV4
+	// signature would measure the client's hashing, not the platform.
 	targets := []target{
 		{series: SeriesBaseline, url: base.URL + "/"},
-		{series: SeriesTorporREST, url: opts.Endpoint + "/v1/functions/" + opts.Function + "/invoke", torpor: true},
-		{series: SeriesTorporLambda, url: opts.Endpoint + "/2015-03-31/functions/" + opts.Function + "/invocations", torpor: true},
+		{series: SeriesTorporREST, url: opts.Endpoint + "/v1/functions/" + opts.Function + "/invoke", torpor: true, auth: auth},
+		{series: SeriesTorporLambda, url: opts.Endpoint + "/2015-03-31/functions/" + opts.Function + "/invocations", torpor: true, auth: auth},
 	}
 	maxC := 0
 	for _, c := range opts.Concurrency {
@@ -320,12 +329,12 @@ func checkHealth(ctx context.Context, endpoint string) error {
 }
 
 // deployNOP deploys the NOP function and returns its version.
-func deployNOP(ctx context.Context, endpoint, name string) (int, error) {
+func deployNOP(ctx context.Context, endpoint, token, name string) (int, error) {
 	code, err := nopZip()
 	if err != nil {
 		return 0, err
 	}
-	c, err := client.New(endpoint, client.WithHTTPClient(&http.Client{Timeout: 2 * time.Minute}))
+	c, err := client.New(endpoint, client.WithHTTPClient(&http.Client{Timeout: 2 * time.Minute}), client.WithToken(token))
 	if err != nil {
 		return 0, err
 	}

@@ -27,8 +27,10 @@ import (
 // fakeTorpor is the part of the torpor HTTP API the warm benchmark uses.
 type fakeTorpor struct {
 	t          *testing.T
-	deployCode int   // status of PUT; 0 = 201
-	failEvery  int64 // the Lambda API fails every n-th call with 503; 0 = never
+	deployCode int          // status of PUT; 0 = 201
+	failEvery  int64        // the Lambda API fails every n-th call with 503; 0 = never
+	token      string       // required as a Bearer token but on /healthz; "" = none
+	refused    atomic.Int64 // requests refused for want of the token
 	lambda     atomic.Int64
 	rest       atomic.Int64
 	mu         sync.Mutex
@@ -40,6 +42,13 @@ func (f *fakeTorpor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Torpor-Start", "hot")
 		w.Header().Set("Server-Timing", "start;dur=0.010, handler;dur=0.030")
 		w.Write([]byte("{}"))
+	}
+	if f.token != "" && r.URL.Path != "/healthz" && r.Header.Get("Authorization") != "Bearer "+f.token {
+		f.refused.Add(1)
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(`{"error":"missing or invalid API token","code":"unauthorized"}`))
+		return
 	}
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/healthz":
@@ -80,18 +89,22 @@ func (f *fakeTorpor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func TestWarm(t *testing.T) {
 	py := requirePython(t)
-	fake := &fakeTorpor{t: t, failEvery: 25}
+	fake := &fakeTorpor{t: t, failEvery: 25, token: "bench-token-0123456789"}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	dir := filepath.Join(t.TempDir(), "out")
 	var out bytes.Buffer
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	rep, err := Warm(context.Background(), WarmOptions{
-		Endpoint: srv.URL + "/", Calls: 100, Warmup: 10, Concurrency: []int{1, 3},
+		Endpoint: srv.URL + "/", Token: "bench-token-0123456789", Calls: 100, Warmup: 10, Concurrency: []int{1, 3},
 		OutDir: dir, Python: py, Now: func() time.Time { return now },
 	}, &out)
 	if err != nil {
 		t.Fatalf("Warm: %v\n%s", err, out.String())
+	}
+	// Every torpor request carried the token (the deploy and both series).
+	if n := fake.refused.Load(); n != 0 {
+		t.Errorf("%d requests reached torpor without the token", n)
 	}
 
 	// The deploy is the NOP function, as specified.
@@ -190,6 +203,8 @@ func TestWarmErrors(t *testing.T) {
 	py := requirePython(t)
 	rejecting := httptest.NewServer(&fakeTorpor{t: t, deployCode: http.StatusBadRequest})
 	t.Cleanup(rejecting.Close)
+	guarded := httptest.NewServer(&fakeTorpor{t: t, token: "right-token-0123456789"})
+	t.Cleanup(guarded.Close)
 	down := httptest.NewServer(http.NotFoundHandler())
 	down.Close()
 	tests := []struct {
@@ -203,6 +218,8 @@ func TestWarmErrors(t *testing.T) {
 		{"bad calls", WarmOptions{Endpoint: rejecting.URL, Calls: -1}, errdefs.ErrInvalid, "--calls"},
 		{"nobody there", WarmOptions{Endpoint: down.URL}, errdefs.ErrUnavailable, "torpor up"},
 		{"deploy rejected", WarmOptions{Endpoint: rejecting.URL}, errdefs.ErrInvalid, "no module named app"},
+		{"wrong token", WarmOptions{Endpoint: guarded.URL, Token: "wrong-token-0123456789"}, nil, "refused the API token"},
+		{"no token", WarmOptions{Endpoint: guarded.URL}, nil, "wants an API token"},
 		{"no python", WarmOptions{Endpoint: rejecting.URL, Python: "/nonexistent/python3"}, nil, "/nonexistent/python3"},
 	}
 	for _, tc := range tests {

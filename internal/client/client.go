@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +24,9 @@ import (
 
 // Client calls one torpor gateway.
 type Client struct {
-	base *url.URL
-	hc   *http.Client
+	base  *url.URL
+	hc    *http.Client
+	token string
 }
 
 // Option configures a Client.
@@ -32,6 +34,33 @@ type Option func(*Client)
 
 // WithHTTPClient makes the client send requests through hc.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
+
+// WithToken makes the client send the API token as "Authorization: Bearer
+// <token>"; empty sends no Authorization header.
+func WithToken(token string) Option { return func(c *Client) { c.token = token } }
+
+// ResolveToken picks the API token the way the CLI documents it: flag (the
+// --token flag) if set, else env (TORPOR_TOKEN) if set, else the contents
+// of file ($TORPOR_HOME/api-token) when it exists and is readable, so that
+// on the server's machine, as the server's user, nothing needs setting.
+// Surrounding whitespace is dropped. It returns "" when there is no token;
+// the server then answers 401 unless it runs with --auth none.
+func ResolveToken(flag, env, file string) string {
+	if tok := strings.TrimSpace(flag); tok != "" {
+		return tok
+	}
+	if tok := strings.TrimSpace(env); tok != "" {
+		return tok
+	}
+	if file == "" {
+		return ""
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "" // absent or unreadable: the 401 message says what to do
+	}
+	return strings.TrimSpace(string(b))
+}
 
 // New returns a client of the gateway at endpoint, e.g. http://127.0.0.1:8080.
 func New(endpoint string, opts ...Option) (*Client, error) {
@@ -80,6 +109,23 @@ func (e *APIError) Is(target error) bool {
 	}
 	return false
 }
+
+// AuthError means the gateway refused the request's API token (HTTP 401),
+// or wanted one and none was sent. It wraps the gateway's *APIError.
+type AuthError struct {
+	Endpoint  string
+	TokenSent bool // whether the request carried a token
+	Err       *APIError
+}
+
+func (e *AuthError) Error() string {
+	if !e.TokenSent {
+		return "torpor at " + e.Endpoint + " wants an API token and none was sent: " + e.Err.Message
+	}
+	return "torpor at " + e.Endpoint + " refused the API token: " + e.Err.Message
+}
+
+func (e *AuthError) Unwrap() error { return e.Err }
 
 // ConnError means the gateway could not be reached at all.
 type ConnError struct {
@@ -303,6 +349,9 @@ func (c *Client) do(ctx context.Context, method, p string, q url.Values, body []
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "torpor-client")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -325,6 +374,9 @@ func (c *Client) do(ctx context.Context, method, p string, q url.Values, body []
 			msg = http.StatusText(resp.StatusCode)
 		}
 		apiErr.Message = fmt.Sprintf("%s %s: %s (HTTP %d): is %s a torpor gateway?", method, p, msg, resp.StatusCode, c.base)
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		return nil, &AuthError{Endpoint: c.base.String(), TokenSent: c.token != "", Err: apiErr}
 	}
 	return nil, apiErr
 }

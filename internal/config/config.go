@@ -21,6 +21,12 @@ type Config struct {
 	Listen   string // HTTP API address
 	LogLevel string // debug|info|warn|error
 
+	// Auth says whether the HTTP API asks callers for the API token.
+	Auth AuthMode
+	// APITokenFile holds the API token; empty means <Home>/api-token (see
+	// APITokenPath), so that it follows --home.
+	APITokenFile string
+
 	NATSURL    string        // external NATS; empty = embedded
 	NATSListen string        // embedded server's TCP listener for other nodes; empty = in-process only
 	NATSToken  string        // token for NATSURL / NATSListen
@@ -42,19 +48,40 @@ type Config struct {
 	MemoryBudgetMB int
 }
 
+// AuthMode is how the gateway authenticates callers of its HTTP API.
+type AuthMode string
+
+// Auth modes.
+const (
+	// AuthToken requires the API token on every route but GET /healthz.
+	AuthToken AuthMode = "token"
+	// AuthNone lets anyone who reaches the listener deploy and run code:
+	// for tests and trusted networks only.
+	AuthNone AuthMode = "none"
+)
+
+// APITokenFileName is the API token's file in the home directory. Servers
+// create it; the CLI reads it when no token is given, so that on the
+// server's machine, as the server's user, no setup is needed.
+const APITokenFileName = "api-token"
+
+// DefaultHome is the state root when no --home is given: $TORPOR_HOME, else
+// ~/.torpor, else /var/lib/torpor when there is no user home directory.
+func DefaultHome() string {
+	if home := os.Getenv("TORPOR_HOME"); home != "" {
+		return home
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".torpor")
+	}
+	return "/var/lib/torpor"
+}
+
 // Default returns the defaults, overlaid with TORPOR_* environment variables.
 func Default() Config {
-	home := os.Getenv("TORPOR_HOME")
-	if home == "" {
-		if h, err := os.UserHomeDir(); err == nil {
-			home = filepath.Join(h, ".torpor")
-		} else {
-			home = "/var/lib/torpor"
-		}
-	}
 	host, _ := os.Hostname()
 	c := Config{
-		Home: home, Listen: "127.0.0.1:8080", LogLevel: "info",
+		Home: DefaultHome(), Listen: "127.0.0.1:8080", LogLevel: "info", Auth: AuthToken,
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none",
@@ -62,7 +89,7 @@ func Default() Config {
 	env := map[string]*string{
 		"TORPOR_LISTEN": &c.Listen, "TORPOR_LOG_LEVEL": &c.LogLevel, "TORPOR_NATS": &c.NATSURL,
 		"TORPOR_NATS_LISTEN": &c.NATSListen, "TORPOR_NATS_TOKEN": &c.NATSToken, "TORPOR_WORKER_ID": &c.WorkerID,
-		"TORPOR_PYTHON": &c.Python,
+		"TORPOR_PYTHON": &c.Python, "TORPOR_AUTH": (*string)(&c.Auth), "TORPOR_API_TOKEN_FILE": &c.APITokenFile,
 	}
 	for k, p := range env {
 		if v, ok := os.LookupEnv(k); ok {
@@ -70,6 +97,15 @@ func Default() Config {
 		}
 	}
 	return c
+}
+
+// APITokenPath is the file holding the API token: --api-token-file, or
+// api-token in the home directory.
+func (c *Config) APITokenPath() string {
+	if c.APITokenFile != "" {
+		return c.APITokenFile
+	}
+	return filepath.Join(c.Home, APITokenFileName)
 }
 
 // Validate checks the config and says what to change.
@@ -85,6 +121,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("--log-level %q: use debug, info, warn or error", c.LogLevel))
+	}
+	switch c.Auth {
+	case AuthToken, AuthNone:
+	default:
+		errs = append(errs, fmt.Errorf("--auth %q: use token (the default) or none (tests and trusted networks only)", c.Auth))
 	}
 	if c.NATSURL != "" && !strings.Contains(c.NATSURL, "://") {
 		errs = append(errs, fmt.Errorf("--nats %q: want a URL such as nats://127.0.0.1:4222", c.NATSURL))

@@ -12,7 +12,7 @@ import (
 
 // envVars are every variable Default reads.
 var envVars = []string{"TORPOR_HOME", "TORPOR_LISTEN", "TORPOR_LOG_LEVEL", "TORPOR_NATS", "TORPOR_NATS_LISTEN",
-	"TORPOR_NATS_TOKEN", "TORPOR_WORKER_ID", "TORPOR_PYTHON"}
+	"TORPOR_NATS_TOKEN", "TORPOR_WORKER_ID", "TORPOR_PYTHON", "TORPOR_AUTH", "TORPOR_API_TOKEN_FILE"}
 
 // clearEnv unsets the TORPOR_* variables for the test (t.Setenv restores them).
 func clearEnv(t *testing.T) {
@@ -32,7 +32,7 @@ func TestDefaultWithoutEnv(t *testing.T) {
 	c := Default()
 	host, _ := os.Hostname()
 	want := Config{
-		Home: filepath.Join(home, ".torpor"), Listen: "127.0.0.1:8080", LogLevel: "info",
+		Home: filepath.Join(home, ".torpor"), Listen: "127.0.0.1:8080", LogLevel: "info", Auth: AuthToken,
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none",
@@ -42,6 +42,9 @@ func TestDefaultWithoutEnv(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Errorf("defaults do not validate: %v", err)
+	}
+	if got, want := c.APITokenPath(), filepath.Join(home, ".torpor", "api-token"); got != want {
+		t.Errorf("APITokenPath() = %q, want %q", got, want)
 	}
 }
 
@@ -60,6 +63,8 @@ func TestDefaultEnvOverlay(t *testing.T) {
 		{"TORPOR_NATS_TOKEN", "s3cret", func(c Config) string { return c.NATSToken }},
 		{"TORPOR_WORKER_ID", "node-7", func(c Config) string { return c.WorkerID }},
 		{"TORPOR_PYTHON", "/opt/py/bin/python3.12", func(c Config) string { return c.Python }},
+		{"TORPOR_AUTH", "none", func(c Config) string { return string(c.Auth) }},
+		{"TORPOR_API_TOKEN_FILE", "/etc/torpor/token", func(c Config) string { return c.APITokenFile }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -99,7 +104,7 @@ func TestDefaultEnvOverlay(t *testing.T) {
 func validConfig() Config {
 	return Config{Home: "/tmp/x", Listen: "127.0.0.1:8080", LogLevel: "info", AckWait: 30 * time.Second,
 		Retention: time.Hour, WorkerID: "w1", Python: "python3", IdleTTL: time.Minute, MaxIdle: 1,
-		PidsLimit: 8, TmpMB: 1, SandboxNetwork: "none"}
+		PidsLimit: 8, TmpMB: 1, SandboxNetwork: "none", Auth: AuthToken}
 }
 
 func TestValidateAccepts(t *testing.T) {
@@ -117,6 +122,8 @@ func TestValidateAccepts(t *testing.T) {
 		{"log level warn", func(c *Config) { c.LogLevel = "warn" }},
 		{"log level error", func(c *Config) { c.LogLevel = "error" }},
 		{"ack wait 1s", func(c *Config) { c.AckWait = time.Second }},
+		{"auth none", func(c *Config) { c.Auth = AuthNone }},
+		{"token file", func(c *Config) { c.APITokenFile = "/etc/torpor/token" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,6 +155,9 @@ func TestValidateRejects(t *testing.T) {
 		{"sandbox network", func(c *Config) { c.SandboxNetwork = "bridge" }, []string{"--sandbox-network", `"bridge"`}},
 		{"empty worker id", func(c *Config) { c.WorkerID = "" }, []string{"--worker-id"}},
 		{"negative memory budget", func(c *Config) { c.MemoryBudgetMB = -1 }, []string{"--memory-budget", "-1"}},
+		{"unknown auth", func(c *Config) { c.Auth = "basic" }, []string{"--auth", `"basic"`, "token", "none"}},
+		{"empty auth", func(c *Config) { c.Auth = "" }, []string{"--auth"}},
+		{"upper-case auth", func(c *Config) { c.Auth = "NONE" }, []string{"--auth"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -103,13 +104,18 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 
 // writeJSON writes v as a JSON response. Encoding our own types cannot fail
 // except on a broken connection, which the client will notice by itself.
+// <, > and & stay as they are (not \u003c...): the body is never HTML, and
+// people read messages such as "Bearer <token>" with curl.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil { // Encode ends the value with '\n'
 		status = http.StatusInternalServerError
-		body = []byte(`{"error":"internal error: encode response","code":"internal"}`)
+		buf.Reset()
+		buf.WriteString(`{"error":"internal error: encode response","code":"internal"}` + "\n")
 	}
-	body = append(body, '\n')
+	body := buf.Bytes()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)

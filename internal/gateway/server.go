@@ -23,12 +23,17 @@ type Options struct {
 	// Registry is where the gateway registers its metrics and what /metrics
 	// serves. Nil gives the server a private registry.
 	Registry *prometheus.Registry
+	// Token is the API token every route but GET /healthz requires, as
+	// "Authorization: Bearer <token>" or as the access key id of an AWS
+	// SigV4 Authorization header. Empty turns authentication off.
+	Token string
 }
 
 // Server is the gateway's http.Handler.
 type Server struct {
 	b       Backend
 	log     *slog.Logger
+	auth    authenticator
 	mux     *http.ServeMux
 	metrics *metrics
 	routes  []route
@@ -54,10 +59,10 @@ func New(b Backend, opts Options) *Server {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	s := &Server{b: b, log: log, mux: http.NewServeMux()}
+	s := &Server{b: b, log: log, auth: newAuthenticator(opts.Token), mux: http.NewServeMux()}
 	s.metrics = newMetrics(reg, log)
 	s.routes = []route{
-		{"GET /healthz", s.handleHealth},
+		{routeHealth, s.handleHealth},
 		{"GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogErrorLog{log}}).ServeHTTP},
 
 		{"GET /v1/functions", s.handleListFunctions},
@@ -79,18 +84,27 @@ func New(b Backend, opts Options) *Server {
 	return s
 }
 
-// ServeHTTP dispatches r, records request metrics and writes the access log.
+// ServeHTTP checks the API token, dispatches r, records request metrics and
+// writes the access log.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	if _, pattern := s.mux.Handler(r); pattern == "" {
+	_, pattern := s.mux.Handler(r)
+	route := pattern
+	switch {
+	case !s.auth.allows(r, pattern):
+		// Unknown routes too: without the token a caller learns nothing,
+		// not even which paths exist.
+		s.refuse(sw, r)
+	case pattern == "":
 		s.serveUnmatched(sw, r)
-	} else {
+	default:
 		s.mux.ServeHTTP(sw, r)
+		// The mux sets r.Pattern; for a redirect to a cleaned path it
+		// holds that path.
+		route = r.Pattern
 	}
-	// The mux sets r.Pattern; for a redirect to a cleaned path it holds that
-	// path, so only patterns from the route table become metric labels.
-	route := r.Pattern
+	// Only patterns from the route table become metric labels.
 	if !s.known[route] {
 		route = "unmatched"
 	}
