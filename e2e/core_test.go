@@ -160,7 +160,7 @@ func TestVersions(t *testing.T) {
 	var slow invokeResp
 	wg.Add(1)
 	go func() { defer wg.Done(); slow = s.invoke("ver", `{"sleep": 2}`) }()
-	time.Sleep(500 * time.Millisecond)
+	s.waitBusy(t, 1)
 	s.deploy("ver", "def handler(e, c):\n    return 'v2'\n", deployOpts{})
 	if got := mustOK(t, s.invoke("ver", `{}`)); got != `"v2"` {
 		t.Errorf("after redeploy got %s, want v2", got)
@@ -224,7 +224,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	wg.Add(1)
 	var first invokeResp
 	go func() { defer wg.Done(); first = s.invoke("one", `3`) }()
-	time.Sleep(500 * time.Millisecond)
+	s.waitBusy(t, 1)
 	r := s.invoke("one", `0`)
 	if r.Status != 429 {
 		t.Errorf("second parallel call: %d %s, want 429", r.Status, r.Body)
@@ -263,9 +263,9 @@ func TestMemoryBudget(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, fn := range []string{"a", "b"} {
 		wg.Add(1)
-		go func() { defer wg.Done(); mustOK(t, s.invoke(fn, `2.5`)) }()
+		go func() { defer wg.Done(); mustOK(t, s.invoke(fn, `3`)) }()
 	}
-	time.Sleep(700 * time.Millisecond)
+	s.waitBusy(t, 2) // both calls hold instances: no idle one left to evict
 	if r := s.invoke("c", `0`); r.Status != 429 || !strings.Contains(r.Body, "memory budget") {
 		t.Errorf("call while the budget is all busy: %d %s", r.Status, r.Body)
 	}
@@ -284,7 +284,7 @@ func TestGracefulShutdown(t *testing.T) {
 	s.deploy("slow", "import time\ndef handler(e, c):\n    time.sleep(e)\n    return 'finished'\n", deployOpts{TimeoutS: 10})
 	done := make(chan invokeResp, 1)
 	go func() { done <- s.invoke("slow", `2`) }()
-	time.Sleep(500 * time.Millisecond)
+	s.waitBusy(t, 1)
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +299,28 @@ func TestGracefulShutdown(t *testing.T) {
 	if code := s.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM\n%s", code, tail(s.out.String(), 3000))
 	}
+}
+
+// waitBusy waits until the worker has no idle instance and at least live
+// live ones: the calls just started are running, not merely sent.
+func (s *server) waitBusy(t *testing.T, live int) {
+	t.Helper()
+	eventually(t, 20*time.Second, "calls to be running", func() error {
+		m := s.get("/metrics", nil).Body
+		if !strings.Contains(m, `torpor_instances{state="idle"} 0`) || !strings.Contains(m, fmt.Sprintf(`torpor_instances{state="live"} %d`, live)) {
+			return fmt.Errorf("instances: %s", grepLines(m, "torpor_instances{"))
+		}
+		return nil
+	})
+}
+
+// grepLines returns the lines of text that contain sub.
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
 }

@@ -109,7 +109,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 				log.Warn("close sandboxes", "err", err)
 			}
 		})
-		w, err = worker.New(worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
+		w, err = worker.New(ctx, worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
 			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
 			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB},
 			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))

@@ -248,6 +248,11 @@ func (d *Dispatcher) Calls(ctx context.Context, name string, limit int) ([]funct
 	if err := function.ValidateName(name); err != nil {
 		return nil, err
 	}
+	// As for Logs: the calls of a function that does not exist (any more)
+	// are not listed; GET /v1/calls/{id} still finds each record.
+	if _, err := d.reg.Resolve(name, 0); err != nil {
+		return nil, err
+	}
 	return d.calls.List(ctx, name, limit)
 }
 

@@ -27,7 +27,8 @@ type Backend interface {
 	InvokeAsync(ctx context.Context, req function.InvokeRequest) (function.Call, error)
 	// Call returns a call record.
 	Call(ctx context.Context, id string) (function.Call, error)
-	// Calls lists up to limit recent calls of a function, newest first.
+	// Calls lists up to limit recent calls of a function, newest first;
+	// ErrNotFound when the function does not exist.
 	Calls(ctx context.Context, name string, limit int) ([]function.Call, error)
 	// Logs sends the function's log lines to fn, oldest first; with follow it
 	// keeps sending new lines until ctx is done.

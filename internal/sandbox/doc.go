@@ -3,25 +3,26 @@
 //
 // A sandbox is a process tree in new mount, PID, IPC, UTS and (unless
 // Spec.HostNetwork) network namespaces; it runs as the Spec's non-root
-// uid/gid with no capabilities and no_new_privs, on a read-only root built
-// on a private tmpfs from the host's /usr, /etc and /lib* plus the Spec's
-// binds, with a fresh /proc, a minimal /dev with a private /dev/shm, a
-// size-limited /tmp, rlimits, and a cgroup (v1 or v2, detected at start)
-// that enforces its memory limit, CPU weight and pids limit. What to bind
-// where, and which uid a function gets, is the worker's policy, not this
-// package's.
+// uid/gid with no capabilities and no_new_privs, under a seccomp filter that
+// denies the kernel's usual attack surface (see seccomp.go), on a read-only
+// root built on a private tmpfs from the host's /usr, /etc and /lib* plus
+// the Spec's binds, with a fresh /proc, a minimal /dev with a private
+// /dev/shm, a size-limited /tmp, rlimits, and a cgroup (v1 or v2, detected
+// at start) that enforces its memory limit, CPU weight and pids limit. What
+// to bind where, and which uid a function gets, is the worker's policy, not
+// this package's.
 //
 // The Manager runs in the worker as root. Start re-executes a binary (by
 // default the worker's own, /proc/self/exe) as the in-sandbox init: that
 // binary must call IsInit and InitMain first thing in main, before anything
 // else runs. The init receives its instructions as JSON on a pipe, builds the
-// sandbox from inside the new namespaces, drops every privilege and execs the
-// program, so the program is pid 1 of its PID namespace and killing it kills
-// the whole tree.
+// sandbox from inside the new namespaces, drops every privilege, installs
+// the seccomp filter and execs the program, so the program is pid 1 of its
+// PID namespace and killing it kills the whole tree.
 //
 // This package owns the instance cgroups under Config.CgroupName and the
 // mount point under Config.StateDir, and nothing else: it does not touch
 // other cgroups or the host's network. (On cgroup v2 it may move the worker
 // itself into a leaf cgroup so that the worker's cgroup can delegate; see
-// Config.CgroupName.) It installs no seccomp filter yet.
+// Config.CgroupName.)
 package sandbox

@@ -65,13 +65,14 @@ func step(name string, err error) error {
 func IsInit() bool { return len(os.Args) > 0 && os.Args[0] == initArg0 }
 
 // InitMain is the in-sandbox init. It runs as root inside the new
-// namespaces, builds the sandbox as its config says, drops all privileges and
-// execs the instance's program. It never returns: on failure it prints
-// "torpor sandbox init: <step>: <error>" to stderr, reports the same to the
-// Manager, and exits 126.
+// namespaces, builds the sandbox as its config says, drops all privileges,
+// installs the seccomp filter and execs the instance's program. It never
+// returns: on failure it prints "torpor sandbox init: <step>: <error>" to
+// stderr, reports the same to the Manager, and exits 126.
 func InitMain() {
 	// Thread-scoped state (capability bounding set, no_new_privs,
-	// parent-death signal) must be set on the thread that execs.
+	// parent-death signal, the seccomp filter) must be set on the thread
+	// that execs.
 	runtime.LockOSThread()
 	statusFD := -1
 	err := runInit(&statusFD)
@@ -144,6 +145,12 @@ func runInit(statusFD *int) error {
 	// exec; a successful exec thereby tells the Manager it is done.
 	if err := unix.CloseRange(uint(3+cfg.NumExtra), ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return step("close_range", err)
+	}
+	// Last before exec (it needs no_new_privs, set by dropPrivileges), so
+	// that the filter constrains only the program, never the init's own
+	// mounts. See installSeccomp for why this thread alone is enough.
+	if err := installSeccomp(); err != nil {
+		return step("seccomp", err)
 	}
 	err = syscall.Exec(cfg.Argv[0], cfg.Argv, cfg.Env)
 	return step("exec", fmt.Errorf("%s: %w", cfg.Argv[0], err))

@@ -178,8 +178,11 @@ func (w *Worker) asyncLoop(loopCtx, callCtx context.Context, cons jetstream.Cons
 		case <-loopCtx.Done():
 			return
 		}
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+		// A bounded fetch under loopCtx: shutdown does not wait it out.
+		fctx, cancel := context.WithTimeout(loopCtx, 2*time.Second)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
 		if err != nil {
+			cancel()
 			<-slots
 			if loopCtx.Err() == nil {
 				w.log.Warn("fetch async calls", "err", err)
@@ -201,6 +204,7 @@ func (w *Worker) asyncLoop(loopCtx, callCtx context.Context, cons jetstream.Cons
 				_ = msg.Nak() // closing: let another worker take it now
 			}
 		}
+		cancel()
 		if !got {
 			<-slots
 		}

@@ -134,7 +134,7 @@ type Worker struct {
 }
 
 // New prepares a worker; Start connects it to the bus.
-func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store, sb *sandbox.Manager, m *Metrics, log *slog.Logger) (*Worker, error) {
+func New(ctx context.Context, cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store, sb *sandbox.Manager, m *Metrics, log *slog.Logger) (*Worker, error) {
 	cfg.defaults()
 	if cfg.Python == "" {
 		return nil, errors.New("worker: no Python interpreter configured")
@@ -147,7 +147,7 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	if err := installAgent(w.agentDir, cfg.Python); err != nil {
+	if err := installAgent(ctx, w.agentDir, cfg.Python); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "code"), 0o700); err != nil {
@@ -161,18 +161,18 @@ func New(cfg Config, b *bus.Bus, reg *registry.Registry, calls *callstore.Store,
 
 // installAgent writes the Python agent out and precompiles it with the
 // instances' interpreter, so that no instance pays for compiling it.
-func installAgent(dir, python string) error {
+func installAgent(ctx context.Context, dir, python string) error {
 	path := filepath.Join(dir, runtimes.PythonAgentName)
 	if err := os.WriteFile(path, runtimes.PythonAgent, 0o644); err != nil {
 		return fmt.Errorf("install python agent: %w", err)
 	}
-	if out, err := exec.Command(python, "-I", "-m", "py_compile", path).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, python, "-I", "-m", "py_compile", path).CombinedOutput(); err != nil {
 		return fmt.Errorf("precompile python agent with %s: %v: %s", python, err, out)
 	}
 	return nil
 }
 
-func underUsr(p string) bool { return p == "/usr" || len(p) > 5 && p[:5] == "/usr/" }
+func underUsr(p string) bool { return p == "/usr" || strings.HasPrefix(p, "/usr/") }
 
 // Start subscribes to calls and starts the background loops.
 func (w *Worker) Start(ctx context.Context) error {
