@@ -4,7 +4,6 @@
 package e2e
 
 import (
-	"archive/zip"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/torpor-dev/torpor/internal/codezip"
 )
 
 var torporBin string
@@ -221,19 +222,11 @@ func (s *server) cliEnv(env []string, args ...string) (string, string, error) {
 // zipFiles builds a code package.
 func zipFiles(t *testing.T, files map[string]string) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	for name, body := range files {
-		w, err := zw.Create(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.WriteString(w, body)
-	}
-	if err := zw.Close(); err != nil {
+	b, err := codezip.FromFiles(files)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return buf.Bytes()
+	return b
 }
 
 type deployOpts struct {

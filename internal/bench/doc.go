@@ -5,7 +5,8 @@
 // reproduced and checked (CONVENTIONS rule 11).
 //
 // It speaks to torpor only through its public HTTP API (api/openapi.yaml,
-// via internal/client for deploys) and must not import any server-side
-// package: a benchmark that reached into the gateway or the worker would
-// measure something users never see.
+// via internal/client for deploys). Like the CLI it may use the shared
+// client-side helpers (config for the interpreter and the API token,
+// codezip to pack code), but never the gateway, dispatcher or worker: a
+// benchmark that reached into them would measure something users never see.
 package bench

@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +9,7 @@ import (
 	"time"
 
 	"github.com/torpor-dev/torpor/internal/client"
+	"github.com/torpor-dev/torpor/internal/codezip"
 	"github.com/torpor-dev/torpor/internal/config"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
@@ -348,19 +347,11 @@ func deployNOP(ctx context.Context, endpoint, token, name string) (int, error) {
 
 // nopZip returns the code zip of the NOP function.
 func nopZip() ([]byte, error) {
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	w, err := zw.Create("app.py")
-	if err == nil {
-		_, err = io.WriteString(w, nopCode)
-	}
-	if err == nil {
-		err = zw.Close()
-	}
+	b, err := codezip.FromFiles(map[string]string{"app.py": nopCode})
 	if err != nil {
 		return nil, fmt.Errorf("bench warm: zip the NOP function: %w", err)
 	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // unavailableError is an errdefs.ErrUnavailable whose message says what

@@ -1,6 +1,8 @@
 // Package client is a small typed Go client of torpor's /v1 HTTP API, used
-// by the CLI. It speaks only HTTP to a gateway and must not import any
-// server-side package: its contract is api/openapi.yaml and package api.
+// by the CLI. It speaks only HTTP to a gateway: its contract is
+// api/openapi.yaml and package api, its types are the shared data model
+// (function) and error classes (errdefs); it must not import the gateway,
+// dispatcher or worker.
 package client
 
 import (

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
@@ -159,4 +161,26 @@ func whyLink(why string) string {
 		return "pointing outside the code directory"
 	}
 	return "unusable (" + why + ")"
+}
+
+// FromFiles packs in-memory files (name → content, slash-separated names)
+// into a code zip, deterministically like ZipDir: sorted, no timestamps.
+func FromFiles(files map[string]string) ([]byte, error) {
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		hdr := &zip.FileHeader{Name: name, Method: zip.Deflate}
+		hdr.SetMode(0o644)
+		w, err := zw.CreateHeader(hdr)
+		if err != nil {
+			return nil, fmt.Errorf("zip %s: %w", name, err)
+		}
+		if _, err := io.WriteString(w, files[name]); err != nil {
+			return nil, fmt.Errorf("zip %s: %w", name, err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("zip: %w", err)
+	}
+	return buf.Bytes(), nil
 }

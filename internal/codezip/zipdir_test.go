@@ -157,3 +157,38 @@ func TestZipDirArgs(t *testing.T) {
 		t.Errorf("a missing dir: %v", err)
 	}
 }
+
+func TestFromFiles(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+	}{
+		{"one file", map[string]string{"app.py": "def handler(e, c):\n    return e\n"}},
+		{"nested and empty", map[string]string{"pkg/mod.py": "x = 1\n", "app.py": "", "b/c/d.txt": "deep"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := FromFiles(tt.files)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := FromFiles(tt.files)
+			if !bytes.Equal(a, b) {
+				t.Error("two packings of the same files differ")
+			}
+			if _, err := Validate(a); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			dir := filepath.Join(t.TempDir(), "code")
+			if err := Extract(context.Background(), a, dir); err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			for name, want := range tt.files {
+				got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(name)))
+				if err != nil || string(got) != want {
+					t.Errorf("%s = %q, %v; want %q", name, got, err, want)
+				}
+			}
+		})
+	}
+}

@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +15,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/callmsg"
 	"github.com/torpor-dev/torpor/internal/callstore"
+	"github.com/torpor-dev/torpor/internal/codezip"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/registry"
@@ -123,17 +122,11 @@ func (e *env) fakeValidator(t *testing.T, reply func(function.Version) *nats.Msg
 
 func codeZip(t *testing.T) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	w, err := zw.Create("app.py")
+	b, err := codezip.FromFiles(map[string]string{"app.py": "def handler(event, context):\n    return event\n"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = w.Write([]byte("def handler(event, context):\n    return event\n"))
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return b
 }
 
 func okValidation(v function.Version) *nats.Msg {

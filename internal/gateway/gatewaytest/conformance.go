@@ -1,8 +1,6 @@
 package gatewaytest
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor-dev/torpor/internal/codezip"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/testenv"
@@ -68,19 +67,11 @@ func RunBackendConformance[B backendAPI](t *testing.T, newBackend func(t *testin
 // CodeZip returns a code package holding src as app.py (handler app.NAME).
 func CodeZip(t testing.TB, src string) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	w, err := zw.Create("app.py")
+	b, err := codezip.FromFiles(map[string]string{"app.py": src})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Write([]byte(src)); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return b
 }
 
 // deploy deploys src as name with handler app.handler.
