@@ -81,3 +81,67 @@ const (
 	DefaultCallsLimit = 20
 	MaxCallsLimit     = 1000
 )
+
+// SnapshotCreate is the body of POST /v1/snapshots: snapshot an idle
+// instance of a function (any idle one, the one named, or a new one).
+type SnapshotCreate struct {
+	Function string `json:"function"`
+	Version  int    `json:"version,omitempty"`  // 0 = latest
+	Instance string `json:"instance,omitempty"` // an idle instance's id (i-…)
+	// LeaveRunning keeps the instance serving after the dump.
+	LeaveRunning bool `json:"leave_running,omitempty"`
+	// NoGC skips the runtime's GC and allocator trim before the dump.
+	NoGC bool `json:"no_gc,omitempty"`
+	// Use makes it the snapshot new instances of the version start from.
+	Use bool `json:"use,omitempty"`
+}
+
+// SnapshotCreated answers POST /v1/snapshots. Durations are nanoseconds.
+type SnapshotCreated struct {
+	ID          string `json:"id"`
+	Function    string `json:"function"`
+	Version     int    `json:"version"`
+	Instance    string `json:"instance"`
+	Worker      string `json:"worker"`
+	RSSBefore   int64  `json:"rss_before"` // bytes, before the runtime's GC
+	RSSAfter    int64  `json:"rss_after"`  // after it
+	GCNanos     int64  `json:"gc_ns"`
+	DumpNanos   int64  `json:"dump_ns"`
+	WallNanos   int64  `json:"wall_ns"`
+	RawBytes    int64  `json:"raw_bytes"`
+	StoredBytes int64  `json:"stored_bytes"`
+	Used        bool   `json:"used"`
+}
+
+// Snapshot describes a stored snapshot (GET /v1/snapshots[/{id}]).
+type Snapshot struct {
+	ID              string         `json:"id"`
+	Function        string         `json:"function"`
+	FunctionVersion int            `json:"function_version"`
+	Runtime         string         `json:"runtime"`
+	CRIUVersion     string         `json:"criu_version"`
+	Kernel          string         `json:"kernel"`
+	Arch            string         `json:"arch"`
+	CreatedAt       string         `json:"created_at"`
+	Compression     string         `json:"compression"`
+	StoredBytes     int64          `json:"stored_bytes"`
+	RawBytes        int64          `json:"raw_bytes"`
+	MemoryBytes     int64          `json:"memory_bytes,omitempty"`
+	KeyID           string         `json:"key_id"`
+	Files           []SnapshotFile `json:"files,omitempty"` // GET /v1/snapshots/{id} only
+	// InUse lists the function versions that start from it.
+	InUse []string `json:"in_use,omitempty"`
+	// Error says why a stored manifest cannot be used (corrupt).
+	Error string `json:"error,omitempty"`
+}
+
+// SnapshotFile is one image file of a snapshot.
+type SnapshotFile struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// SnapshotList is the body of GET /v1/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}

@@ -39,11 +39,14 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	torporBin = filepath.Join(dir, "torpor")
-	build := exec.Command("go", "build", "-o", torporBin, "../cmd/torpor")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Println("e2e: building torpor failed:", err)
-		os.Exit(1)
+	// torpor-init beside torpor, as scripts/install.sh installs it.
+	for _, b := range [][2]string{{torporBin, "../cmd/torpor"}, {filepath.Join(dir, "torpor-init"), "../cmd/torpor-init"}} {
+		build := exec.Command("go", "build", "-o", b[0], b[1])
+		build.Stdout, build.Stderr = os.Stdout, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Println("e2e: building", b[1], "failed:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)

@@ -68,8 +68,16 @@ if [ -z "$gobin" ]; then
 fi
 log "using $("$gobin" version)"
 
+# CRIU >= 4.2 for snapshots: the distribution's when it works here,
+# otherwise Debian unstable's in a private prefix (see the script).
+"$repo/scripts/install-criu.sh"
+
 log "building torpor"
 (cd "$repo" && GOFLAGS=-buildvcs=false "$gobin" build -trimpath -o "$prefix/bin/torpor.new" ./cmd/torpor)
+# The sandbox init, beside torpor: the worker re-executes it for every
+# instance and snapshot, and it starts much faster than torpor itself.
+(cd "$repo" && GOFLAGS=-buildvcs=false "$gobin" build -trimpath -o "$prefix/bin/torpor-init.new" ./cmd/torpor-init)
+mv "$prefix/bin/torpor-init.new" "$prefix/bin/torpor-init"
 mv "$prefix/bin/torpor.new" "$prefix/bin/torpor"
 log "installed $prefix/bin/torpor"
 

@@ -7,6 +7,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 scripts/install.sh
 export PATH=/usr/local/lib/torpor-go/current/bin:$PATH
+# The real MinIO the S3 blob-store tests run against (built once, cached
+# outside the repo).
+scripts/install-minio.sh >/dev/null
 
 # Test-only Python tools (the OpenAPI validator), in a venv of their own so
 # the system's Python stays untouched.

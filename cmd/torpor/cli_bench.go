@@ -18,12 +18,13 @@ func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmark a running torpor against a baseline",
-		Long: `Bench measures a running torpor ("torpor up") from the outside, over HTTP, and
-compares it with a baseline measured by the same client in the same run. Each
-benchmark prints a table and writes results.json, results.csv and latency.png.`,
+		Long: `Bench compares torpor with a baseline measured in the same run. "warm"
+measures a running torpor ("torpor up") from the outside, over HTTP;
+"snapshot" measures the checkpoint engine in-process (root and CRIU needed).
+Each benchmark prints a table and writes results.json, results.csv and plots.`,
 		Args: args(),
 	}
-	cmd.AddCommand(newBenchWarmCmd(g))
+	cmd.AddCommand(newBenchWarmCmd(g), newBenchSnapshotCmd())
 	return cmd
 }
 

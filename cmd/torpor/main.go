@@ -64,6 +64,7 @@ machine, $TORPOR_HOME/api-token.`,
 	root.AddGroup(
 		&cobra.Group{ID: groupFunctions, Title: "Functions:"},
 		&cobra.Group{ID: groupCalls, Title: "Calls:"},
+		&cobra.Group{ID: groupSnapshots, Title: "Snapshots:"},
 	)
 	root.AddCommand(
 		newDeployCmd(g),
@@ -73,6 +74,8 @@ machine, $TORPOR_HOME/api-token.`,
 		newCallsCmd(g),
 		newCallCmd(g),
 		newLogsCmd(g),
+		newSnapshotCmd(g),
+		newDoctorCmd(),
 	)
 	root.AddCommand(newBenchCmd(g))
 	addServerCommands(root)

@@ -40,6 +40,10 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 	f.StringVar(&cfg.NATSToken, "nats-token", cfg.NATSToken, "NATS auth token (env TORPOR_NATS_TOKEN)")
 	f.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "redeliver an async call when its worker is silent this long")
 	f.DurationVar(&cfg.Retention, "retention", cfg.Retention, "how long call records and logs are kept")
+	f.StringVar(&cfg.SnapshotStore, "snapshot-store", cfg.SnapshotStore,
+		"where snapshots are kept: a directory, or s3://BUCKET[/PREFIX]?endpoint=URL (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default $TORPOR_HOME/snapshots; every node must use the same (env TORPOR_SNAPSHOT_STORE)")
+	f.StringVar(&cfg.ClusterKeyFile, "cluster-key-file", cfg.ClusterKeyFile,
+		"key snapshots are signed with, created when missing; every node needs the same (default $TORPOR_HOME/cluster-key; env TORPOR_CLUSTER_KEY_FILE)")
 	if roles.Gateway {
 		f.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address (env TORPOR_LISTEN)")
 		f.StringVar((*string)(&cfg.Auth), "auth", string(cfg.Auth),
@@ -60,6 +64,8 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		f.IntVar(&cfg.TmpMB, "tmp-mb", cfg.TmpMB, "size of each instance's /tmp in MB")
 		f.IntVar(&cfg.MemoryBudgetMB, "memory-budget", cfg.MemoryBudgetMB,
 			"MB of memory limits this worker's live instances may add up to (0 = 3/4 of the machine)")
+		f.StringVar(&cfg.CRIU, "criu", cfg.CRIU, "criu binary for snapshots; default: the one scripts/install-criu.sh set up (env TORPOR_CRIU)")
+		f.StringVar(&cfg.SnapshotCompression, "snapshot-compression", cfg.SnapshotCompression, "zstd, lz4 or none")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,
 			"none: each instance has its own network namespace with only loopback; host: share the host's (trusted tenants only)")
 	}

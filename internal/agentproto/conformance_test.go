@@ -6,11 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/torpor-dev/torpor/internal/testenv"
-	"time"
 )
 
 // TestAgentConformance runs every agent in agentsUnderTest through the
@@ -478,10 +482,8 @@ def handler(event, context):
 		ready(t, p, echoHandler)
 		ctx := testenv.Ctx(t)
 		for typ, want := range map[string]string{
-			"no-such-message":     ErrorTypeUnknownMessage,
-			TypeFork:              ErrorTypeNotSupported,
-			TypePrepareCheckpoint: ErrorTypeNotSupported,
-			TypeAfterRestore:      ErrorTypeNotSupported,
+			"no-such-message": ErrorTypeUnknownMessage,
+			TypeFork:          ErrorTypeNotSupported,
 		} {
 			h, err := rawExchange(ctx, p.client, Header{Type: typ, ID: "u-" + typ})
 			if err != nil {
@@ -493,6 +495,54 @@ def handler(event, context):
 		}
 		if got := invokeOK(t, p, "c1", `{"still": "serving"}`, nil); string(got) != `{"still": "serving"}` {
 			t.Errorf("after unknown messages: %s", got)
+		}
+	}},
+
+	{"checkpoint hand-over", func(t *testing.T, p *agentProc) {
+		ready(t, p, "import random\nn = 0\ndef handler(event, context):\n    global n\n    n += 1\n    print('call', n)\n    return {'n': n, 'r': random.random()}\n")
+		ctx := testenv.Ctx(t)
+		invokeOK(t, p, "c1", `{}`, nil)
+		// A bad listen path is refused and the agent keeps serving here.
+		if _, err := p.client.PrepareCheckpoint(ctx, "relative.sock", true, nil); err == nil {
+			t.Fatal("PrepareCheckpoint with a relative path succeeded")
+		}
+		for round := 2; round <= 4; round++ {
+			sock := filepath.Join(t.TempDir(), "ctl", "ctl.sock")
+			ready, err := p.client.PrepareCheckpoint(ctx, sock, round%2 == 0, nil)
+			if err != nil {
+				t.Fatalf("round %d: PrepareCheckpoint: %v", round, err)
+			}
+			if ready.RSSBefore <= 0 || ready.RSSAfter <= 0 {
+				t.Errorf("round %d: rss %d -> %d", round, ready.RSSBefore, ready.RSSAfter)
+			}
+			// The old connection is gone: the Client refuses to use it.
+			if err := p.client.Ping(ctx, nil); !errors.Is(err, ErrUnusable) {
+				t.Fatalf("round %d: Ping on the old connection = %v, want ErrUnusable", round, err)
+			}
+			conn, err := net.Dial("unix", sock)
+			if err != nil {
+				t.Fatalf("round %d: dial %s: %v", round, sock, err)
+			}
+			p.client = NewClient(conn)
+			res, err := p.client.AfterRestore(ctx, round == 3)
+			if err != nil {
+				t.Fatalf("round %d: AfterRestore: %v", round, err)
+			}
+			if res.Pid <= 0 || res.ClockJump < 0 {
+				t.Errorf("round %d: resumed %+v", round, res)
+			}
+			var l logs
+			got := invokeOK(t, p, "c"+strconv.Itoa(round), `{}`, l.add)
+			var r struct{ N int }
+			if err := json.Unmarshal(got, &r); err != nil || r.N != round {
+				t.Fatalf("round %d: result %s, want n=%d (state kept across the hand-over)", round, got, round)
+			}
+			if out := l.text("c"+strconv.Itoa(round), "stdout"); out != fmt.Sprintf("call %d\n", round) {
+				t.Errorf("round %d: stdout %q", round, out)
+			}
+			if _, err := os.Stat(sock); !os.IsNotExist(err) {
+				t.Errorf("round %d: socket file left behind (%v)", round, err)
+			}
 		}
 	}},
 

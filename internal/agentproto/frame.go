@@ -51,9 +51,13 @@ const (
 
 	// Reserved for later versions; v1 agents answer them with an error of
 	// type ErrorTypeNotSupported.
-	TypeFork              = "fork"
-	TypePrepareCheckpoint = "prepare-checkpoint"
-	TypeAfterRestore      = "after-restore"
+	TypeFork = "fork"
+
+	// Checkpoints (see docs/agent-protocol.md).
+	TypePrepareCheckpoint = "prepare-checkpoint" // worker → agent
+	TypeCheckpointReady   = "checkpoint-ready"   // agent → worker; then the agent closes this socket
+	TypeAfterRestore      = "after-restore"      // worker → agent, first frame on the new socket
+	TypeResumed           = "resumed"            // agent → worker
 )
 
 // Error types the agents use for protocol-level refusals (function.Error.ErrorType).
@@ -107,6 +111,15 @@ type Header struct {
 
 	// init-error, error
 	Error *function.Error `json:"error,omitempty"`
+
+	// prepare-checkpoint, checkpoint-ready
+	Listen      string  `json:"listen,omitempty"`        // socket path inside the instance the agent listens on
+	GC          *bool   `json:"gc,omitempty"`            // run the GC and trim the allocator first (default true)
+	RSSBefore   int64   `json:"rss_before,omitempty"`    // bytes, before the GC
+	RSSAfter    int64   `json:"rss_after,omitempty"`     // bytes, after the GC and trim
+	GCMS        float64 `json:"gc_ms,omitempty"`         // time the GC and trim took
+	Restored    bool    `json:"restored,omitempty"`      // after-restore: this process came from a snapshot
+	ClockJumpMS float64 `json:"clock_jump_ms,omitempty"` // resumed: wall time since checkpoint-ready
 }
 
 // Frame is one protocol message: a header and a raw body (event, result or

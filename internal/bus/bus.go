@@ -34,6 +34,8 @@ const (
 	SubjInvoke = "torpor.invoke."
 	// SubjValidate: deploy-time validation requests (queue group Workers).
 	SubjValidate = "torpor.validate"
+	// SubjSnapshot: requests to snapshot an instance (queue group Workers).
+	SubjSnapshot = "torpor.snapshot"
 	// SubjCalls + function name: durable async calls in StreamCalls.
 	SubjCalls = "torpor.calls."
 	// SubjLogs + function name: batches of log lines in StreamLogs.
@@ -52,6 +54,9 @@ const (
 	BucketCalls = "torpor_calls"
 	// BucketCode is the object store of code packages, by sha256.
 	BucketCode = "torpor_code"
+	// BucketSnapshots maps "<function>.<version>" to the snapshot new
+	// instances of that version start from (see worker).
+	BucketSnapshots = "torpor_snapshots"
 	// ConsumerCalls is the durable consumer all workers pull async calls from.
 	ConsumerCalls = "workers"
 )
@@ -81,6 +86,7 @@ type Bus struct {
 	Functions jetstream.KeyValue    // BucketFuncs
 	Calls     jetstream.KeyValue    // BucketCalls
 	Code      jetstream.ObjectStore // BucketCode
+	Snapshots jetstream.KeyValue    // BucketSnapshots
 	CallQueue jetstream.Stream      // StreamCalls
 	Logs      jetstream.Stream      // StreamLogs
 
@@ -220,6 +226,11 @@ func (b *Bus) declare(ctx context.Context) error {
 		Bucket: BucketFuncs, Description: "torpor function versions", History: 1, Storage: jetstream.FileStorage,
 	}); err != nil {
 		return fmt.Errorf("declare KV %s: %w", BucketFuncs, err)
+	}
+	if b.Snapshots, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: BucketSnapshots, Description: "torpor start snapshots by function version", History: 1, Storage: jetstream.FileStorage,
+	}); err != nil {
+		return fmt.Errorf("declare KV %s: %w", BucketSnapshots, err)
 	}
 	if b.Calls, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: BucketCalls, Description: "torpor call records", History: 1, TTL: b.cfg.CallRetention,

@@ -336,18 +336,23 @@ func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, bod
 // do sends a request and returns the response if its status is 2xx; any
 // other status becomes an *APIError carrying the server's message.
 func (c *Client) do(ctx context.Context, method, p string, q url.Values, body []byte) (*http.Response, error) {
+	if body == nil {
+		return c.doStream(ctx, method, p, q, nil, 0, "")
+	}
+	return c.doStream(ctx, method, p, q, bytes.NewReader(body), int64(len(body)), "application/json")
+}
+
+// doStream is do with a streamed request body of size bytes (-1: unknown).
+func (c *Client) doStream(ctx context.Context, method, p string, q url.Values, body io.Reader, size int64, contentType string) (*http.Response, error) {
 	u := c.base.JoinPath(p) // p is an escaped path
 	u.RawQuery = q.Encode()
-	var r io.Reader
-	if body != nil {
-		r = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), r)
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, p, err)
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.ContentLength = size
+		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "torpor-client")

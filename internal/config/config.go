@@ -46,6 +46,36 @@ type Config struct {
 	// MemoryBudgetMB caps the summed memory limits of a worker's live
 	// instances (0: three quarters of the machine's memory).
 	MemoryBudgetMB int
+
+	// SnapshotStore is where snapshot images go: a directory or
+	// s3://bucket/prefix?endpoint=… (see blobopen); empty means
+	// <Home>/snapshots. Every node of a cluster must name the same store.
+	SnapshotStore string
+	// ClusterKeyFile holds the key snapshots are signed with; empty means
+	// <Home>/cluster-key. Every node of a cluster needs the same key.
+	ClusterKeyFile string
+	// CRIU is the criu binary to use; empty finds it (see criu.New).
+	CRIU string
+	// SnapshotCompression is zstd, lz4 or none.
+	SnapshotCompression string
+}
+
+// SnapshotStoreSpec is the snapshot store: --snapshot-store, or the
+// directory snapshots under the home directory.
+func (c *Config) SnapshotStoreSpec() string {
+	if c.SnapshotStore != "" {
+		return c.SnapshotStore
+	}
+	return filepath.Join(c.Home, "snapshots")
+}
+
+// ClusterKeyPath is the snapshot signing key: --cluster-key-file, or
+// cluster-key in the home directory.
+func (c *Config) ClusterKeyPath() string {
+	if c.ClusterKeyFile != "" {
+		return c.ClusterKeyFile
+	}
+	return filepath.Join(c.Home, "cluster-key")
 }
 
 // AuthMode is how the gateway authenticates callers of its HTTP API.
@@ -84,12 +114,13 @@ func Default() Config {
 		Home: DefaultHome(), Listen: "127.0.0.1:8080", LogLevel: "info", Auth: AuthToken,
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
-		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none",
+		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none", SnapshotCompression: "zstd",
 	}
 	env := map[string]*string{
 		"TORPOR_LISTEN": &c.Listen, "TORPOR_LOG_LEVEL": &c.LogLevel, "TORPOR_NATS": &c.NATSURL,
 		"TORPOR_NATS_LISTEN": &c.NATSListen, "TORPOR_NATS_TOKEN": &c.NATSToken, "TORPOR_WORKER_ID": &c.WorkerID,
 		"TORPOR_PYTHON": &c.Python, "TORPOR_AUTH": (*string)(&c.Auth), "TORPOR_API_TOKEN_FILE": &c.APITokenFile,
+		"TORPOR_SNAPSHOT_STORE": &c.SnapshotStore, "TORPOR_CLUSTER_KEY_FILE": &c.ClusterKeyFile, "TORPOR_CRIU": &c.CRIU,
 	}
 	for k, p := range env {
 		if v, ok := os.LookupEnv(k); ok {
@@ -121,6 +152,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("--log-level %q: use debug, info, warn or error", c.LogLevel))
+	}
+	switch c.SnapshotCompression {
+	case "", "zstd", "lz4", "none": // empty: zstd
+	default:
+		errs = append(errs, fmt.Errorf("--snapshot-compression %q: use zstd, lz4 or none", c.SnapshotCompression))
 	}
 	switch c.Auth {
 	case AuthToken, AuthNone:

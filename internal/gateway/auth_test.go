@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/gateway/gatewaytest"
@@ -60,6 +61,12 @@ func authRequests(t *testing.T) []struct{ method, path, body string } {
 		{"GET", "/v1/functions/echo/calls", ""},
 		{"GET", "/v1/functions/echo/logs", ""},
 		{"GET", "/v1/calls/c1", ""},
+		{"GET", "/v1/snapshots", ""},
+		{"POST", "/v1/snapshots", `{"function":"echo"}`},
+		{"GET", "/v1/snapshots/c1", ""},
+		{"DELETE", "/v1/snapshots/c1", ""},
+		{"GET", "/v1/snapshots/c1/export", ""},
+		{"POST", "/v1/snapshots/import", "TORPSNAP"},
 		{"POST", "/2015-03-31/functions/echo/invocations", "{}"},
 		{"DELETE", "/v1/functions/echo", ""}, // last: it removes echo
 		{"GET", "/v1/nothing", ""},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/torpor-dev/torpor/api"
 )
 
@@ -27,6 +28,8 @@ type Options struct {
 	// "Authorization: Bearer <token>" or as the access key id of an AWS
 	// SigV4 Authorization header. Empty turns authentication off.
 	Token string
+	// Snapshots serves /v1/snapshots; nil answers 503 there.
+	Snapshots Snapshots
 }
 
 // Server is the gateway's http.Handler.
@@ -37,6 +40,7 @@ type Server struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	routes  []route
+	snaps   Snapshots
 	known   map[string]bool // patterns of routes
 }
 
@@ -59,7 +63,7 @@ func New(b Backend, opts Options) *Server {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	s := &Server{b: b, log: log, auth: newAuthenticator(opts.Token), mux: http.NewServeMux()}
+	s := &Server{b: b, log: log, auth: newAuthenticator(opts.Token), mux: http.NewServeMux(), snaps: opts.Snapshots}
 	s.metrics = newMetrics(reg, log)
 	s.routes = []route{
 		{routeHealth, s.handleHealth},
@@ -73,6 +77,13 @@ func New(b Backend, opts Options) *Server {
 		{"GET /v1/functions/{name}/calls", s.handleListCalls},
 		{"GET /v1/functions/{name}/logs", s.handleLogs},
 		{"GET /v1/calls/{id}", s.handleGetCall},
+
+		{"GET /v1/snapshots", s.handleListSnapshots},
+		{"POST /v1/snapshots", s.handleCreateSnapshot},
+		{"GET /v1/snapshots/{id}", s.handleGetSnapshot},
+		{"DELETE /v1/snapshots/{id}", s.handleDeleteSnapshot},
+		{"GET /v1/snapshots/{id}/export", s.handleExportSnapshot},
+		{"POST /v1/snapshots/import", s.handleImportSnapshot},
 
 		{"POST /2015-03-31/functions/{name}/invocations", s.handleLambdaInvoke},
 	}

@@ -24,6 +24,7 @@ const initExitCode = 126
 // initConfig is what Start sends the init over its config pipe.
 type initConfig struct {
 	Root        string   // host dir the new root tmpfs is mounted on
+	DevDir      string   // host dir of the /dev skeleton
 	CgroupProcs []string // cgroup.procs files to join (by writing "0")
 	Hostname    string
 	UID, GID    int
@@ -62,7 +63,9 @@ func step(name string, err error) error {
 // IsInit reports whether this process was started by a Manager as the
 // in-sandbox init. The worker's main must call it (and InitMain) before
 // doing anything else.
-func IsInit() bool { return len(os.Args) > 0 && os.Args[0] == initArg0 }
+func IsInit() bool {
+	return len(os.Args) > 0 && (os.Args[0] == initArg0 || os.Args[0] == cgexecArg0)
+}
 
 // InitMain is the in-sandbox init. It runs as root inside the new
 // namespaces, builds the sandbox as its config says, drops all privileges,
@@ -70,6 +73,9 @@ func IsInit() bool { return len(os.Args) > 0 && os.Args[0] == initArg0 }
 // returns: on failure it prints "torpor sandbox init: <step>: <error>" to
 // stderr, reports the same to the Manager, and exits 126.
 func InitMain() {
+	if os.Args[0] == cgexecArg0 {
+		cgexecMain()
+	}
 	// Thread-scoped state (capability bounding set, no_new_privs,
 	// parent-death signal, the seccomp filter) must be set on the thread
 	// that execs.
@@ -122,6 +128,9 @@ func runInit(statusFD *int) error {
 	if err := buildRoot(&cfg); err != nil {
 		return err
 	}
+	if err := reopenNullStdio(); err != nil {
+		return err
+	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return step("sethostname", err)
 	}
@@ -154,6 +163,33 @@ func runInit(statusFD *int) error {
 	}
 	err = syscall.Exec(cfg.Argv[0], cfg.Argv, cfg.Env)
 	return step("exec", fmt.Errorf("%s: %w", cfg.Argv[0], err))
+}
+
+// reopenNullStdio replaces each of fds 0-2 that is the host's /dev/null
+// with the sandbox's own: a file of the host's mount namespace held open
+// inside the sandbox would make the instance impossible to checkpoint (CRIU
+// can only dump files reachable from the dumped mount tree).
+func reopenNullStdio() error {
+	var null unix.Stat_t
+	if err := unix.Stat("/dev/null", &null); err != nil {
+		return step("stat /dev/null", err)
+	}
+	for fd := 0; fd <= 2; fd++ {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != null.Rdev {
+			continue
+		}
+		nfd, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return step("open /dev/null", err)
+		}
+		err = unix.Dup3(nfd, fd, 0)
+		unix.Close(nfd)
+		if err != nil {
+			return step("reopen /dev/null", err)
+		}
+	}
+	return nil
 }
 
 // setRlimits applies the per-process limits. syscall.Setrlimit (not

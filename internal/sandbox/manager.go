@@ -60,7 +60,8 @@ type Manager struct {
 	log *slog.Logger
 	cg  *cgroupTree
 
-	defaultName bool // CgroupName is defaultCgroupName's
+	defaultName bool   // CgroupName is defaultCgroupName's
+	criuRun     string // tmpfs directory bound over /run for the snapshot engine (see execPrefix)
 
 	mu     sync.Mutex
 	live   map[string]*Sandbox // nil value: Start in progress
@@ -139,11 +140,19 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 	if err := os.Mkdir(filepath.Join(cfg.StateDir, rootfsDir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("sandbox manager: create root mount point: %w", err)
 	}
+	if err := makeDevSkeleton(filepath.Join(cfg.StateDir, devSkeletonDir)); err != nil {
+		return nil, fmt.Errorf("sandbox manager: /dev skeleton: %w", err)
+	}
 	if tree.movedTo != "" {
 		log.Info("moved the worker to a leaf cgroup so that its own can delegate to sandboxes", "cgroup", tree.movedTo)
 	}
-	m := &Manager{cfg: cfg, log: log, cg: tree, live: map[string]*Sandbox{}, defaultName: defaultName}
+	m := &Manager{cfg: cfg, log: log, cg: tree, live: map[string]*Sandbox{}, defaultName: defaultName, criuRun: criuRunDir(cfg.StateDir)}
 	if err := m.cleanStale(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox manager: clean up after previous run: %w", err)
+	}
+	// Roots of restored sandboxes of a previous run (whose processes
+	// cleanStale just killed).
+	if err := os.RemoveAll(filepath.Join(cfg.StateDir, restoreRootsDir)); err != nil {
 		return nil, fmt.Errorf("sandbox manager: clean up after previous run: %w", err)
 	}
 	log.Info("sandbox manager ready", "cgroup_version", tree.version, "cgroup_parents", tree.parents, "state_dir", cfg.StateDir)
@@ -182,20 +191,25 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err := spec.normalize(); err != nil {
 		return nil, err
 	}
-	id := spec.ID
+	return m.track("start", spec.ID, func() (*Sandbox, error) { return m.start(ctx, spec) })
+}
+
+// track runs create for the sandbox id (Start or Restore), keeping id
+// reserved in the live set while it runs and recording the result.
+func (m *Manager) track(op, id string, create func() (*Sandbox, error)) (*Sandbox, error) {
 	m.mu.Lock()
 	switch _, dup := m.live[id]; {
 	case m.closed:
 		m.mu.Unlock()
-		return nil, fmt.Errorf("start sandbox %s: manager is closed: %w", id, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("%s sandbox %s: manager is closed: %w", op, id, errdefs.ErrUnavailable)
 	case dup:
 		m.mu.Unlock()
-		return nil, fmt.Errorf("start sandbox %s: an instance with this id exists: %w", id, errdefs.ErrConflict)
+		return nil, fmt.Errorf("%s sandbox %s: an instance with this id exists: %w", op, id, errdefs.ErrConflict)
 	}
 	m.live[id] = nil
 	m.mu.Unlock()
 
-	s, err := m.start(ctx, spec)
+	s, err := create()
 	m.mu.Lock()
 	if err != nil {
 		delete(m.live, id)
@@ -204,7 +218,7 @@ func (m *Manager) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	}
 	m.mu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("start sandbox %s: %w", id, err)
+		return nil, fmt.Errorf("%s sandbox %s: %w", op, id, err)
 	}
 	return s, nil
 }
@@ -221,6 +235,7 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	}
 	data, err := json.Marshal(initConfig{
 		Root:        filepath.Join(m.cfg.StateDir, rootfsDir),
+		DevDir:      filepath.Join(m.cfg.StateDir, devSkeletonDir),
 		CgroupProcs: m.cg.instance(spec.ID).procsFiles(),
 		Hostname:    spec.Hostname,
 		UID:         spec.UID,
@@ -262,6 +277,13 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		ExtraFiles: append(slices.Clip(spec.ExtraFiles), cfgR, statusW),
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: cloneFlags(spec.HostNetwork),
+			// A user namespace owned by the worker (see userMappings).
+			UidMappings:                userMappings(spec.UID),
+			GidMappings:                userMappings(spec.GID),
+			GidMappingsEnableSetgroups: true,
+			// Its own session: no controlling terminal of the worker, and
+			// CRIU can only dump a tree whose session leader is inside it.
+			Setsid: true,
 			// Until the init changes uid (which clears it and so sets it again).
 			Pdeathsig: syscall.SIGKILL,
 		},
@@ -320,7 +342,11 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	s := &Sandbox{
 		id:   spec.ID,
 		m:    m,
-		cmd:  cmd,
+		proc: cmd.Process,
+		waitProc: func() (*os.ProcessState, error) {
+			err := cmd.Wait()
+			return cmd.ProcessState, err
+		},
 		cg:   cg,
 		done: make(chan struct{}),
 	}
@@ -362,6 +388,9 @@ func (m *Manager) Close(ctx context.Context) error {
 			errs = append(errs, m.cg.removeParents(m.defaultName))
 		}
 	}
+	if m.criuRun != "" {
+		errs = append(errs, os.RemoveAll(m.criuRun))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close sandbox manager: %w", err)
 	}
@@ -402,9 +431,28 @@ func (e *InitError) isSpecProblem() bool {
 	return e.Step == "exec" || e.Step == "chdir" || strings.HasPrefix(e.Step, "bind ")
 }
 
+// userMappings maps root and the instance's own id, each to itself, in
+// the instance's user namespace.
+//
+// The namespace is there for checkpoints: it is owned by the worker's
+// root, which therefore holds every capability over the instance — among
+// them CAP_SYS_RESOURCE, which CRIU needs to read another user's rlimits
+// and which hosts (this project's CI among them) may withhold from root
+// in the initial namespace. Identity mappings keep file ownership the
+// same inside and out. Mapping root lets the init, before it drops to the
+// instance's id, read root-only directories and join root-owned cgroups
+// exactly as without the namespace; the program then runs as id, with no
+// capabilities, no_new_privs and nosuid mounts, so it can reach uid 0 of
+// the namespace only through the same kind of kernel bug that would give
+// it host root without one — and capabilities in the namespace are
+// narrower than host root's (no modules, no host network, no devices).
+func userMappings(id int) []syscall.SysProcIDMap {
+	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: id, HostID: id, Size: 1}}
+}
+
 // cloneFlags are the namespaces a new instance gets.
 func cloneFlags(hostNetwork bool) uintptr {
-	f := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
+	f := uintptr(syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
 	if !hostNetwork {
 		f |= syscall.CLONE_NEWNET
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"sync"
 	"syscall"
 
@@ -17,10 +16,17 @@ import (
 // Sandbox is one running (or exited) instance. Its methods are safe for
 // concurrent use.
 type Sandbox struct {
-	id  string
-	m   *Manager
-	cmd *exec.Cmd
-	cg  *instanceCgroup
+	id   string
+	m    *Manager
+	proc *os.Process
+	// waitProc reaps proc: exec.Cmd.Wait for a sandbox the Manager
+	// started (it also closes what exec opened), Process.Wait for one
+	// restored from a snapshot.
+	waitProc func() (*os.ProcessState, error)
+	cg       *instanceCgroup
+	// rootDir, for a restored sandbox, is the host directory its root is
+	// bound from; removed with the sandbox.
+	rootDir string
 
 	done   chan struct{}
 	status ExitStatus // written before done is closed
@@ -34,7 +40,7 @@ func (s *Sandbox) ID() string { return s.id }
 
 // Pid returns the host pid of the sandbox's init, which is pid 1 inside and,
 // after Start, the instance's program itself.
-func (s *Sandbox) Pid() int { return s.cmd.Process.Pid }
+func (s *Sandbox) Pid() int { return s.proc.Pid }
 
 // Done is closed once the init has exited (and with it, the whole tree).
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
@@ -51,10 +57,15 @@ func (s *Sandbox) ExitStatus() ExitStatus {
 
 // wait reaps the init and records its exit status.
 func (s *Sandbox) wait() {
-	_ = s.cmd.Wait()
-	st := ExitStatus{Code: s.cmd.ProcessState.ExitCode()}
-	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		st.Signal = ws.Signal()
+	ps, err := s.waitProc()
+	st := ExitStatus{Code: -1}
+	if ps == nil {
+		s.m.log.Warn("cannot wait for sandbox", "instance", s.id, "err", err)
+	} else {
+		st.Code = ps.ExitCode()
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			st.Signal = ws.Signal()
+		}
 	}
 	n, err := s.cg.oomKills()
 	if err != nil {
@@ -71,7 +82,7 @@ func (s *Sandbox) wait() {
 // sandbox is not an error.
 func (s *Sandbox) Kill() error {
 	// os.Process signals through a pidfd, so this cannot hit a reused pid.
-	if err := s.cmd.Process.Signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := s.proc.Signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("kill sandbox %s: %w", s.id, err)
 	}
 	return nil
@@ -104,6 +115,13 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	if err := s.cg.remove(ctx); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", s.id, err)
+	}
+	if s.rootDir != "" {
+		// The instance, and with it the mount namespace binding this
+		// directory, is gone: its mount points are plain directories now.
+		if err := os.RemoveAll(s.rootDir); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", s.id, err)
+		}
 	}
 	s.destroyed = true
 	s.m.forget(s.id)

@@ -24,8 +24,6 @@ const (
 	// MinPids is the smallest non-zero pids limit: the init's Go runtime
 	// runs a few threads, which count as pids, until it execs.
 	MinPids = 8
-	// devShmMB is the size of the private /dev/shm.
-	devShmMB = 16
 )
 
 // validID reports whether id matches ^[a-z0-9][a-z0-9-]{0,63}$. It is not a

@@ -3,7 +3,8 @@
 // test's context, polling instead of sleeping, an embedded bus per test, the
 // real Python interpreter, and CI never skipping) so that each package's
 // tests do not grow their own copies. It must not import any package whose
-// tests use it: internal/bus's own tests, for one, cannot.
+// in-package tests use it: internal/bus's own tests, for one, cannot (the
+// criu package's tests are an external package for this reason).
 package testenv
 
 import (

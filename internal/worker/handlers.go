@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/agentproto"
 	"github.com/torpor-dev/torpor/internal/callmsg"
 	"github.com/torpor-dev/torpor/internal/errdefs"
@@ -165,6 +166,25 @@ func (w *Worker) handleValidate(ctx context.Context, m *nats.Msg) {
 	}
 	w.release(in)
 	_ = m.RespondMsg(callmsg.Reply(function.InvokeResult{Version: ver.Version, Start: function.StartCold, Payload: []byte("null")}))
+}
+
+// handleSnapshot takes a snapshot of an instance on request (torpor
+// snapshot create); the result travels as the payload of a call reply.
+func (w *Worker) handleSnapshot(ctx context.Context, m *nats.Msg) {
+	var req api.SnapshotCreate
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		_ = m.RespondMsg(callmsg.ErrorReply(errdefs.Invalid("malformed snapshot request: " + err.Error())))
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	res, err := w.Snapshot(ctx, req)
+	if err != nil {
+		_ = m.RespondMsg(callmsg.ErrorReply(err))
+		return
+	}
+	body, _ := json.Marshal(res)
+	_ = m.RespondMsg(callmsg.Reply(function.InvokeResult{Version: res.Version, Payload: body}))
 }
 
 // asyncLoop takes async calls from the durable work queue, at most AsyncSlots

@@ -31,6 +31,7 @@ type instance struct {
 	cl       *agentproto.Client
 	initLogs []agentproto.LogRecord // printed during init; shown with the first call
 	lastUsed time.Time
+	spec     sandbox.Spec // what it runs in (without ExtraFiles); snapshots need its mounts
 }
 
 // alive reports whether the instance's process is still running.
@@ -63,7 +64,30 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	id := newInstanceID()
-	spec := sandbox.Spec{
+	spec := w.instanceSpec(ver, id, codeDir)
+	spec.ExtraFiles = []*os.File{child}
+	sb, err := w.sandboxes.Start(ctx, spec)
+	_ = child.Close()
+	if err != nil {
+		_ = conn.Close()
+		// Even an "invalid" sandbox spec is this worker's misconfiguration
+		// (e.g. a missing interpreter), not the caller's mistake.
+		return nil, fmt.Errorf("start sandbox for %s v%d: %v: %w", ver.Name, ver.Version, err, errdefs.ErrUnavailable)
+	}
+	spec.ExtraFiles = nil
+	in := &instance{id: id, ver: ver, sb: sb, cl: agentproto.NewClient(conn), spec: spec}
+	if err := w.initInstance(ctx, in); err != nil {
+		w.destroy(in)
+		return nil, err
+	}
+	w.metrics.instances.WithLabelValues("live").Inc()
+	return in, nil
+}
+
+// instanceSpec is the sandbox of an instance of ver with id; the caller
+// adds the agent's socket as ExtraFiles[0] (fd 3).
+func (w *Worker) instanceSpec(ver function.Version, id, codeDir string) sandbox.Spec {
+	return sandbox.Spec{
 		ID:       id,
 		UID:      ver.UID,
 		GID:      ver.UID,
@@ -78,7 +102,6 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 		Argv:        []string{w.cfg.Python, "-I", "-S", "-c", runtimes.PythonBootstrap, "/opt/torpor"},
 		Env:         instanceEnv(ver),
 		Dir:         "/var/task",
-		ExtraFiles:  []*os.File{child},
 		HostNetwork: w.cfg.HostNetwork,
 		Limits: sandbox.Limits{
 			MemoryMB:  ver.MemoryMB,
@@ -88,21 +111,6 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 			NoFile:    1024,
 		},
 	}
-	sb, err := w.sandboxes.Start(ctx, spec)
-	_ = child.Close()
-	if err != nil {
-		_ = conn.Close()
-		// Even an "invalid" sandbox spec is this worker's misconfiguration
-		// (e.g. a missing interpreter), not the caller's mistake.
-		return nil, fmt.Errorf("start sandbox for %s v%d: %v: %w", ver.Name, ver.Version, err, errdefs.ErrUnavailable)
-	}
-	in := &instance{id: id, ver: ver, sb: sb, cl: agentproto.NewClient(conn)}
-	if err := w.initInstance(ctx, in); err != nil {
-		w.destroy(in)
-		return nil, err
-	}
-	w.metrics.instances.WithLabelValues("live").Inc()
-	return in, nil
 }
 
 func (w *Worker) initInstance(ctx context.Context, in *instance) error {

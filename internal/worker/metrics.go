@@ -7,6 +7,9 @@ type Metrics struct {
 	instances      *prometheus.GaugeVec
 	starts         *prometheus.HistogramVec
 	droppedRecords prometheus.Counter
+	// restoreFailures counts start snapshots that could not be restored
+	// (the call then started cold).
+	restoreFailures prometheus.Counter
 }
 
 // NewMetrics registers the worker's metrics with reg.
@@ -20,6 +23,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		droppedRecords: prometheus.NewCounter(prometheus.CounterOpts{Name: "torpor_call_records_dropped_total",
 			Help: "Records of synchronous calls not stored because the writer was overloaded."}),
 	}
-	reg.MustRegister(m.instances, m.starts, m.droppedRecords)
+	m.restoreFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "torpor_snapshot_restore_failures_total",
+		Help: "Start snapshots that could not be restored; each such call started cold instead."})
+	reg.MustRegister(m.instances, m.starts, m.droppedRecords, m.restoreFailures)
 	return m
 }

@@ -105,6 +105,7 @@ type Worker struct {
 	sandboxes *sandbox.Manager
 	metrics   *Metrics
 
+	snap         *snapshots // nil when snapshots are disabled
 	agentDir     string
 	runtimeBinds []sandbox.Bind
 	extract      singleflight.Group
@@ -125,6 +126,7 @@ type Worker struct {
 	// cancelled as soon as Close starts. closeMu orders calls.Add against
 	// Close's calls.Wait.
 	closeMu    sync.RWMutex
+	closeOnce  sync.Once
 	closing    bool
 	calls      sync.WaitGroup // in-flight calls
 	wg         sync.WaitGroup // background goroutines
@@ -188,6 +190,17 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe to calls: %w", err)
 	}
 	w.subs = append(w.subs, sub)
+	if w.snap != nil {
+		sub, err = w.bus.NC.QueueSubscribe(bus.SubjSnapshot, bus.Workers, func(m *nats.Msg) {
+			if !w.track(func() { w.handleSnapshot(callCtx, m) }) {
+				_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("worker: subscribe to snapshot requests: %w", err)
+		}
+		w.subs = append(w.subs, sub)
+	}
 	sub, err = w.bus.NC.QueueSubscribe(bus.SubjValidate, bus.Workers, func(m *nats.Msg) {
 		if !w.track(func() { w.handleValidate(callCtx, m) }) {
 			_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
@@ -208,6 +221,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
 	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
 	go w.recordWriter()
+	if err := w.watchStartSnapshots(loopCtx); err != nil {
+		return err
+	}
 	w.log.Info("worker started", "python", w.cfg.Python, "cgroup", w.sandboxes.CgroupVersion())
 	return nil
 }
@@ -231,6 +247,10 @@ func (w *Worker) track(f func()) bool {
 // Close stops taking calls, lets the running ones finish (until ctx ends;
 // then they are abandoned), flushes call records and stops every instance.
 func (w *Worker) Close(ctx context.Context) {
+	w.closeOnce.Do(func() { w.close(ctx) })
+}
+
+func (w *Worker) close(ctx context.Context) {
 	w.closeMu.Lock()
 	w.closing = true
 	w.closeMu.Unlock()
@@ -302,6 +322,17 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Du
 		w.mu.Unlock()
 		if err := w.reserve(ctx, ver.MemoryMB, wait); err != nil {
 			return nil, function.StartCold, err
+		}
+		if id := w.startSnapshot(ver); id != "" {
+			in, err := w.restore(ctx, ver, id)
+			if err == nil {
+				return in, function.StartRestore, nil
+			}
+			// A snapshot that cannot be used costs this call a cold
+			// start, never its result.
+			w.metrics.restoreFailures.Inc()
+			w.log.Warn("restore failed, starting cold instead", "fn", ver.Name, "version", ver.Version,
+				"snapshot", id, "refused", isRefused(err), "err", err)
 		}
 		in, err := w.spawn(ctx, ver)
 		if err != nil {

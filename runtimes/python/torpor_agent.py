@@ -38,7 +38,7 @@ MAX_TRACE_LINES = 100
 
 # Message types the protocol reserves for later versions; this agent answers
 # them with Protocol.NotSupported.
-RESERVED = ("fork", "prepare-checkpoint", "after-restore")
+RESERVED = ("fork",)
 
 _fd = -1  # the protocol socket
 _diag = 2  # fd for the agent's own diagnostics (the process's original stderr)
@@ -51,6 +51,10 @@ _drain_poll = None  # select.poll over the pipes, for _drain
 _call_id = ""  # the call whose output the pipes currently carry
 _trace_set = False  # _X_AMZN_TRACE_ID is set from the previous call
 _in_child = False  # set in a process forked from the agent
+_ctl_gen = 0  # bumped whenever the control socket is replaced (checkpoints)
+_swap_lock = None  # held while the control socket is being replaced
+_wake_r = _wake_w = -1  # a pipe that wakes the log thread when the socket is replaced
+_checkpoint_wall = 0.0  # wall clock when the last checkpoint was prepared
 _loads = None
 _dumps = None
 _qstr = None
@@ -195,11 +199,24 @@ def _pump_loop():
         names[fd] = name
     # Mask 0: report only hang-up/error. Lets a handler that never returns
     # die with the worker's end of the socket instead of outliving it.
-    poller.register(_fd, 0)
+    watched, gen = _fd, _ctl_gen
+    poller.register(watched, 0)
+    poller.register(_wake_r, select.POLLIN)
     while True:
         for fd, _ in poller.poll():
-            if fd == _fd:
-                os._exit(0)
+            if fd == _wake_r or fd == watched:
+                if fd == _wake_r:
+                    os.read(_wake_r, 64)
+                with _swap_lock:  # a checkpoint may be replacing the socket
+                    pass
+                if gen == _ctl_gen:
+                    if fd == watched:
+                        os._exit(0)  # the worker hung up
+                    continue  # a wake-up for a replacement already handled
+                poller.unregister(watched)
+                watched, gen = _fd, _ctl_gen
+                poller.register(watched, 0)
+                break  # the other events of this poll may name the old socket
             with _plock:
                 try:
                     data = os.read(fd, LOG_CHUNK)
@@ -585,10 +602,117 @@ def _on_invoke(h, body):
         _send({"type": "error", "id": cid, "error": fault.as_dict()})
 
 
+def _statm_rss():
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _on_prepare_checkpoint(h):
+    """Make the process worth dumping, then hand the control socket over.
+
+    The worker's socket belongs to the worker's network namespace, which a
+    checkpoint cannot capture. So the agent listens on a Unix socket at the
+    path the worker names (inside the instance's own /tmp, which the
+    snapshot captures), replies, closes the worker's socket and waits for a
+    connection there: from the worker after a dump that left the instance
+    running, or from whichever worker restored the snapshot.
+    """
+    global _ctl_gen, _checkpoint_wall
+    import gc
+    import socket
+
+    cid = h.get("id") or ""
+    path = h.get("listen")
+    if type(path) is not str or not path.startswith("/") or len(path) > 100:
+        f = _Fault("Protocol.InvalidMessage", "prepare-checkpoint needs \"listen\", an absolute socket path of at most 100 bytes")
+        _send({"type": "error", "id": cid, "error": f.as_dict()})
+        return
+    t0 = _perf()
+    rss_before = _statm_rss()
+    if h.get("gc", True):
+        # CheckSync's observation: the runtime knows which memory is live.
+        # Freed objects and the allocator's free lists are not worth
+        # capturing; collect and give them back to the kernel first.
+        gc.collect()
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).malloc_trim(0)
+        except Exception:
+            pass  # not glibc, or no ctypes: the dump is just larger
+    rss_after = _statm_rss()
+    _drain()
+    d = os.path.dirname(path)
+    try:
+        os.makedirs(d, 0o700, exist_ok=True)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        lsk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lsk.bind(path)
+        lsk.listen(1)
+    except OSError as e:
+        f = _Fault("Runtime.CheckpointError", "cannot listen on %s for the restored control socket: %s" % (path, e))
+        _send({"type": "error", "id": cid, "error": f.as_dict()})
+        return
+    _swap_lock.acquire()
+    try:
+        _checkpoint_wall = _time.time()
+        _send({"type": "checkpoint-ready", "id": cid, "rss_before": rss_before, "rss_after": rss_after,
+               "gc_ms": (_perf() - t0) * 1000.0})
+        with _wlock:
+            old = _fd
+            # The log thread polls this socket and so holds a reference to
+            # it: close our descriptor, then wake the thread so that it lets
+            # go. Only then does the worker see EOF, which is how it knows
+            # the socket is gone from this process before it dumps it.
+            os.close(old)
+            os.write(_wake_w, b"x")
+            conn, _ = lsk.accept()
+            newfd = conn.detach()
+            if newfd != old:  # keep the socket on the fd number it had
+                os.dup2(newfd, old, inheritable=False)
+                os.close(newfd)
+            lsk.close()
+            try:
+                os.unlink(path)
+                os.rmdir(d)
+            except OSError:
+                pass
+            _ctl_gen += 1
+    finally:
+        _swap_lock.release()
+
+
+def _on_after_restore(h):
+    """First message on a replaced control socket."""
+    cid = h.get("id") or ""
+    jump_ms = (_time.time() - _checkpoint_wall) * 1000.0 if _checkpoint_wall else 0.0
+    if h.get("restored"):
+        # A restored snapshot may run many times: a generator seeded before
+        # the checkpoint would repeat the same "random" numbers in each.
+        for name in ("random",):
+            m = sys.modules.get(name)
+            if m is not None:
+                try:
+                    m.seed()
+                except Exception:
+                    pass
+    _send({"type": "resumed", "id": cid, "clock_jump_ms": jump_ms, "pid": os.getpid()})
+
+
 def _dispatch(h, body):
     t = h["type"]
     if t == "invoke":
         _on_invoke(h, body)
+    elif t == "prepare-checkpoint":
+        _on_prepare_checkpoint(h)
+    elif t == "after-restore":
+        _on_after_restore(h)
     elif t == "ping":
         _send({"type": "pong", "id": h.get("id") or ""})
     elif t == "init":
@@ -623,7 +747,7 @@ def _reap():
 
 
 def main():
-    global _fd, _wlock, _plock, _time, _perf
+    global _fd, _wlock, _plock, _swap_lock, _wake_r, _wake_w, _time, _perf
     import _thread
     import time as _time
 
@@ -633,7 +757,9 @@ def main():
     os.set_inheritable(_fd, False)  # exec'd children must not keep the worker's socket open
     _wlock = _thread.allocate_lock()
     _plock = _thread.allocate_lock()
+    _swap_lock = _thread.allocate_lock()
     _capture_std()
+    _wake_r, _wake_w = os.pipe()
     hello = '{"type":"hello","v":%d,"runtime":"python%d.%d.%d","pid":%d}' % (
         (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (os.getpid(),)
     )

@@ -1,0 +1,319 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/torpor-dev/torpor/api"
+	"github.com/torpor-dev/torpor/internal/blob"
+	"github.com/torpor-dev/torpor/internal/blob/localdir"
+	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/callstore"
+	"github.com/torpor-dev/torpor/internal/codezip"
+	"github.com/torpor-dev/torpor/internal/config"
+	"github.com/torpor-dev/torpor/internal/dispatch"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/registry"
+	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/internal/snapshot"
+	"github.com/torpor-dev/torpor/internal/snapshot/image"
+	"github.com/torpor-dev/torpor/internal/testenv"
+	"github.com/torpor-dev/torpor/internal/worker"
+)
+
+// node is one worker with its own home, sharing a bus and a snapshot
+// store with the other nodes of a test.
+type node struct {
+	w *worker.Worker
+	d *dispatch.Dispatcher
+}
+
+func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id string) node {
+	t.Helper()
+	log := testenv.Logger(t).With("node", id)
+	py, err := config.ResolvePython(testenv.Ctx(t), testenv.Python(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	runCtx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	reg, err := registry.New(runCtx, b.Functions, b.Code, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := callstore.New(b.Calls)
+	sbm, err := sandbox.NewManager(testenv.Ctx(t), sandbox.Config{StateDir: filepath.Join(home, "sandbox"), CgroupName: testCgroupName()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = sbm.Close(ctx)
+	})
+	w, err := worker.New(testenv.Ctx(t), worker.Config{ID: id, Home: home, Python: py.Path, PythonHome: py.Prefix},
+		b, reg, calls, sbm, worker.NewMetrics(prometheus.NewRegistry()), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testenv.CRIU(t)
+	svc, err := snapshot.NewService(e, store, keys, snapshot.ServiceConfig{EngineVersion: e.Version()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.EnableSnapshots(testenv.Ctx(t), svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(runCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		w.Close(ctx)
+	})
+	return node{w: w, d: dispatch.New(b, reg, calls, w, log)}
+}
+
+// statefulCode counts calls in a global, keeps a file in /tmp and draws
+// random numbers: all three must survive a snapshot, and the RNG must be
+// reseeded in every restored copy.
+const statefulCode = `import gc, os, random
+gc.disable()  # let cyclic garbage pile up, for the GC before a dump to free
+class Node:
+    pass
+n = 0
+def handler(event, context):
+    global n
+    n += 1
+    if event.get("garbage"):
+        for _ in range(event["garbage"]):
+            a = Node()
+            a.self = a  # a cycle: freed only by the GC
+            a.pad = "x" * 200
+    if event.get("tmp"):
+        with open("/tmp/state", "w") as f:
+            f.write(event["tmp"])
+    t = open("/tmp/state").read() if os.path.exists("/tmp/state") else ""
+    lo = False
+    if event.get("lo"):  # loopback works (after a restore too)
+        import socket
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        c = socket.create_connection(srv.getsockname())
+        lo = srv.accept()[0] is not None
+        c.close()
+        srv.close()
+    return {"n": n, "tmp": t, "pid": os.getpid(), "r": random.random(), "lo": lo}
+`
+
+type stateful struct {
+	N   int     `json:"n"`
+	Tmp string  `json:"tmp"`
+	Pid int     `json:"pid"`
+	R   float64 `json:"r"`
+	Lo  bool    `json:"lo"`
+}
+
+func invokeStateful(t *testing.T, n node, fn string, event string) (stateful, function.InvokeResult) {
+	t.Helper()
+	res, err := n.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: fn, Payload: []byte(event)})
+	if err != nil {
+		t.Fatalf("invoke: %v", err)
+	}
+	if res.Err != nil {
+		t.Fatalf("invoke: function error %+v", res.Err)
+	}
+	var s stateful
+	if err := json.Unmarshal(res.Payload, &s); err != nil {
+		t.Fatalf("result %q: %v", res.Payload, err)
+	}
+	return s, res
+}
+
+// TestSnapshotRestoreAcrossWorkers checkpoints a Python instance on one
+// worker and restores it on another (another home, another process tree,
+// the same pids inside the instance), through a shared local store.
+func TestSnapshotRestoreAcrossWorkers(t *testing.T) {
+	requireRoot(t)
+	testenv.Python(t)
+	testenv.CRIU(t)
+	b := testenv.Bus(t)
+	store, err := localdir.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newNode(t, b, store, keys, "w-a")
+	zip, err := codezip.FromFiles(map[string]string{"app.py": statefulCode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.d.Deploy(testenv.Ctx(t), function.Spec{Name: "counter", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
+		t.Fatal(err)
+	}
+	s1, _ := invokeStateful(t, a, "counter", `{"tmp":"kept","garbage":100000}`)
+	s2, _ := invokeStateful(t, a, "counter", `{}`)
+	if s2.N != s1.N+1 {
+		t.Fatalf("instance not reused: %+v then %+v", s1, s2)
+	}
+
+	// Checkpoint, leaving the instance running: it keeps serving on a-.
+	res, err := a.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "counter", LeaveRunning: true})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Logf("snapshot %s: rss %d -> %d after GC, raw %d B, stored %d B, dump %v, wall %v",
+		res.ID[:19], res.RSSBefore, res.RSSAfter, res.RawBytes, res.StoredBytes, time.Duration(res.DumpNanos), time.Duration(res.WallNanos))
+	if res.RSSAfter > res.RSSBefore-5<<20 {
+		t.Errorf("the GC before the dump freed less than 5 MB of cyclic garbage: rss %d -> %d", res.RSSBefore, res.RSSAfter)
+	}
+	s3, _ := invokeStateful(t, a, "counter", `{}`)
+	if s3.N != s2.N+1 {
+		t.Fatalf("instance left running lost its state: %+v after %+v", s3, s2)
+	}
+
+	// Stop the first worker (its instance goes with it), make the snapshot
+	// the start snapshot and restore it on a second worker.
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	a.w.Close(closeCtx)
+	cancel()
+	if _, err := b.Snapshots.Put(testenv.Ctx(t), "counter.1", []byte(res.ID)); err != nil {
+		t.Fatal(err)
+	}
+	c := newNode(t, b, store, keys, "w-c")
+	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return c.w.HasStartSnapshot("counter", 1) })
+	var got []stateful
+	for range 2 {
+		s, r := invokeStateful(t, c, "counter", `{"lo":true}`)
+		got = append(got, s)
+		t.Logf("on w-c: %+v start=%s start_time=%v", s, r.Start, r.StartTime)
+		if len(got) == 1 && r.Start != function.StartRestore {
+			t.Errorf("first call on w-c started %q, want %q", r.Start, function.StartRestore)
+		}
+	}
+	// The restored copy continues from the snapshot: n, /tmp and the pid
+	// inside its namespace are the checkpointed instance's.
+	if got[0].N != s2.N+1 || got[0].Tmp != "kept" || got[0].Pid != s2.Pid || !got[0].Lo {
+		t.Errorf("restored state %+v, want n=%d tmp=kept pid=%d lo=true", got[0], s2.N+1, s2.Pid)
+	}
+	if got[1].N != got[0].N+1 {
+		t.Errorf("restored instance not reused: %+v", got)
+	}
+	// Reseeded: the original drew s3.R as its next number; the copy must not.
+	if got[0].R == s3.R {
+		t.Errorf("restored instance drew the same random number as the original (%v): RNG not reseeded", got[0].R)
+	}
+}
+
+// TestRefusedSnapshotStartsCold: a start snapshot whose data was tampered
+// with is refused before CRIU sees it, and the call starts cold instead.
+func TestRefusedSnapshotStartsCold(t *testing.T) {
+	requireRoot(t)
+	testenv.Python(t)
+	testenv.CRIU(t)
+	b := testenv.Bus(t)
+	root := t.TempDir()
+	store, err := localdir.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, b, store, keys, "w-a")
+	zip, err := codezip.FromFiles(map[string]string{"app.py": statefulCode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: "counter", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
+		t.Fatal(err)
+	}
+	invokeStateful(t, n, "counter", `{"tmp":"x"}`)
+	// Snapshot and stop the only instance (not left running), as the start snapshot.
+	res, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "counter", Use: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return n.w.HasStartSnapshot("counter", 1) })
+	// Flip one byte in the middle of the data object.
+	sums, err := image.List(testenv.Ctx(t), store)
+	if err != nil || len(sums) != 1 {
+		t.Fatalf("List = %v, %v", sums, err)
+	}
+	data := filepath.Join(root, filepath.FromSlash(sums[0].Manifest.DataKey))
+	raw, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)/2] ^= 0xff
+	if err := os.WriteFile(data, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, r := invokeStateful(t, n, "counter", `{}`)
+	if r.Start != function.StartCold || s.N != 1 || s.Tmp != "" {
+		t.Errorf("with snapshot %s corrupt: start=%s state=%+v, want a cold start with fresh state", res.ID[:19], r.Start, s)
+	}
+}
+
+// TestSnapshotWithListeningSocket: an instance holding a TCP listener on
+// loopback is restored with its network namespace whole, and the listener
+// still accepts.
+func TestSnapshotWithListeningSocket(t *testing.T) {
+	requireRoot(t)
+	testenv.Python(t)
+	testenv.CRIU(t)
+	b := testenv.Bus(t)
+	store, err := localdir.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, b, store, keys, "w-a")
+	zip, err := codezip.FromFiles(map[string]string{"app.py": `import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+def handler(event, context):
+    c = socket.create_connection(srv.getsockname())
+    a, _ = srv.accept()
+    c.sendall(b"ping")
+    got = a.recv(4)
+    a.close()
+    c.close()
+    return got.decode()
+`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: "listener", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "listener", Use: true}); err != nil {
+		t.Fatal(err)
+	}
+	sums, err := image.List(testenv.Ctx(t), store)
+	if err != nil || len(sums) != 1 || sums[0].Manifest.Labels[snapshot.LabelNoInetSockets] != "" {
+		t.Fatalf("the snapshot of an instance with a listener is labelled %v (%v)", sums, err)
+	}
+	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return n.w.HasStartSnapshot("listener", 1) })
+	res, err := n.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "listener", Payload: []byte("{}")})
+	if err != nil || res.Err != nil || string(res.Payload) != `"ping"` || res.Start != function.StartRestore {
+		t.Fatalf("call on the restored listener: %+v, %v", res, err)
+	}
+}

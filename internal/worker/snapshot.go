@@ -1,0 +1,257 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/torpor-dev/torpor/api"
+	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/internal/snapshot"
+	"github.com/torpor-dev/torpor/internal/snapshot/image"
+)
+
+// ctlListen is where an agent listens for its next control connection
+// after a checkpoint: inside the instance's own /tmp, which the snapshot
+// captures, so a restored instance listens there too.
+const ctlListen = "/tmp/.torpor-ctl/ctl.sock"
+
+// snapshots is the worker's snapshot state; zero when disabled.
+type snapshots struct {
+	svc     *snapshot.Service
+	runtime string // this worker's runtime identity, checked on restore
+
+	mu    sync.Mutex
+	start map[string]string // poolKey → snapshot new instances start from
+}
+
+// EnableSnapshots lets the worker checkpoint instances with svc and start
+// instances of a version from its start snapshot. Call before Start.
+func (w *Worker) EnableSnapshots(ctx context.Context, svc *snapshot.Service) error {
+	out, err := exec.CommandContext(ctx, w.cfg.Python, "-I", "-S", "-c",
+		`import sys; print("python%d.%d.%d" % sys.version_info[:3])`).Output()
+	if err != nil {
+		return fmt.Errorf("worker: ask %s for its version: %w", w.cfg.Python, err)
+	}
+	// The path is part of the identity: the restored process maps the
+	// interpreter from the very same path.
+	w.snap = &snapshots{svc: svc, runtime: strings.TrimSpace(string(out)) + " at " + w.cfg.Python, start: map[string]string{}}
+	return nil
+}
+
+// watchStartSnapshots mirrors the start-snapshot bucket into memory, so
+// that a cold start costs no round trip to find out.
+func (w *Worker) watchStartSnapshots(ctx context.Context) error {
+	if w.snap == nil {
+		return nil
+	}
+	watcher, err := w.bus.Snapshots.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("worker: watch start snapshots: %w", err)
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer watcher.Stop()
+		for e := range watcher.Updates() {
+			if e == nil {
+				continue // initial values delivered
+			}
+			fn, ver, ok := strings.Cut(e.Key(), ".")
+			if !ok {
+				continue
+			}
+			v, _ := strconv.Atoi(ver)
+			key := poolKey(fn, v)
+			w.snap.mu.Lock()
+			if e.Operation() == jetstream.KeyValuePut {
+				w.snap.start[key] = string(e.Value())
+			} else {
+				delete(w.snap.start, key)
+			}
+			w.snap.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+func startKey(fn string, version int) string { return fn + "." + strconv.Itoa(version) }
+
+// startSnapshot is the snapshot new instances of ver start from, or "".
+func (w *Worker) startSnapshot(ver function.Version) string {
+	if w.snap == nil {
+		return ""
+	}
+	w.snap.mu.Lock()
+	defer w.snap.mu.Unlock()
+	return w.snap.start[poolKey(ver.Name, ver.Version)]
+}
+
+// HasStartSnapshot reports whether new instances of fn version start from
+// a snapshot on this worker.
+func (w *Worker) HasStartSnapshot(fn string, version int) bool {
+	return w.startSnapshot(function.Version{Spec: function.Spec{Name: fn}, Version: version}) != ""
+}
+
+// errNoSnapshots is returned when the worker has no snapshot engine.
+func (w *Worker) errNoSnapshots() error {
+	return fmt.Errorf("worker %s cannot take or restore snapshots (no usable CRIU: run scripts/install-criu.sh, then `torpor doctor`): %w",
+		w.cfg.ID, errdefs.ErrUnavailable)
+}
+
+// Snapshot checkpoints an idle instance of req.Function into the snapshot
+// store (starting one if none is idle).
+func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.SnapshotCreated, error) {
+	if w.snap == nil {
+		return api.SnapshotCreated{}, w.errNoSnapshots()
+	}
+	ver, err := w.reg.ResolveWait(ctx, req.Function, req.Version)
+	if err != nil {
+		return api.SnapshotCreated{}, err
+	}
+	in, err := w.takeForSnapshot(ctx, ver, req.Instance)
+	if err != nil {
+		return api.SnapshotCreated{}, err
+	}
+	res := api.SnapshotCreated{Function: ver.Name, Version: ver.Version, Instance: in.id, Worker: w.cfg.ID}
+	ready, err := in.cl.PrepareCheckpoint(ctx, ctlListen, !req.NoGC, nil)
+	if err != nil {
+		if errors.Is(err, agentproto.ErrUnusable) || errors.Is(err, agentproto.ErrAgentExited) || errors.Is(err, agentproto.ErrProtocol) || ctx.Err() != nil {
+			w.retire(in)
+		} else {
+			w.release(in)
+		}
+		return res, fmt.Errorf("snapshot of %s: %w", in.id, err)
+	}
+	res.RSSBefore, res.RSSAfter, res.GCNanos = ready.RSSBefore, ready.RSSAfter, int64(ready.GC)
+	cspec, labels := w.sandboxes.CheckpointSpec(in.sb, in.spec, req.LeaveRunning)
+	sres, err := w.snap.svc.Checkpoint(ctx, cspec, snapshot.Meta{Function: ver.Name, Version: ver.Version, Runtime: w.snap.runtime,
+		MemoryBytes: ready.RSSAfter, Labels: labels})
+	if err == nil {
+		res.ID, res.DumpNanos, res.WallNanos = sres.ID, int64(sres.Checkpoint.Duration), int64(sres.Wall)
+		res.RawBytes, res.StoredBytes = sres.Image.RawBytes, sres.Image.CompressedBytes
+	}
+	if req.LeaveRunning || err != nil {
+		// The instance is still running (a failed dump lets it go): it
+		// waits for its new control connection.
+		if rerr := w.resume(ctx, in, false); rerr != nil {
+			w.log.Warn("instance lost after checkpoint", "instance", in.id, "fn", ver.Name, "err", rerr)
+			w.retire(in)
+		} else {
+			w.release(in)
+		}
+	} else {
+		w.retire(in) // CRIU killed it after the dump
+	}
+	if err != nil {
+		return res, err
+	}
+	if req.Use {
+		if _, err := w.bus.Snapshots.Put(ctx, startKey(ver.Name, ver.Version), []byte(res.ID)); err != nil {
+			return res, fmt.Errorf("snapshot %s stored, but making it the start snapshot failed: %w", res.ID, err)
+		}
+		res.Used = true
+	}
+	return res, nil
+}
+
+// takeForSnapshot takes an idle instance of ver (the one named, if any)
+// out of the pool, or starts a new one.
+func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id string) (*instance, error) {
+	w.mu.Lock()
+	for _, in := range w.idle[poolKey(ver.Name, ver.Version)] {
+		if id == "" || in.id == id {
+			w.removeIdleLocked(in)
+			w.mu.Unlock()
+			w.metrics.instances.WithLabelValues("idle").Dec()
+			return in, nil
+		}
+	}
+	w.mu.Unlock()
+	if id != "" {
+		return nil, errdefs.NotFound(fmt.Sprintf("instance %s of %s v%d is not idle on worker %s (busy instances cannot be checkpointed yet)", id, ver.Name, ver.Version, w.cfg.ID))
+	}
+	if err := w.reserve(ctx, ver.MemoryMB, w.cfg.QueueWait); err != nil {
+		return nil, err
+	}
+	in, err := w.spawn(ctx, ver)
+	if err != nil {
+		w.unreserve(ver.MemoryMB)
+		return nil, err
+	}
+	return in, nil
+}
+
+// resume connects to the control socket an instance's agent listens on
+// after a checkpoint, and tells it whether it was restored.
+func (w *Worker) resume(ctx context.Context, in *instance, restored bool) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitTimeout)
+	defer cancel()
+	path := "/proc/" + strconv.Itoa(in.sb.Pid()) + "/root" + ctlListen
+	var d net.Dialer
+	var conn net.Conn
+	var err error
+	for {
+		conn, err = d.DialContext(ctx, "unix", path)
+		if err == nil {
+			break
+		}
+		select {
+		case <-in.sb.Done():
+			return fmt.Errorf("instance exited before it could be reconnected: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("connect to %s: %w", path, err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	cl := agentproto.NewClient(conn)
+	if _, err := cl.AfterRestore(ctx, restored); err != nil {
+		_ = cl.Close()
+		return err
+	}
+	in.cl = cl
+	return nil
+}
+
+// restore starts an instance of ver from snapshot id (the restore path);
+// the caller has reserved its memory.
+func (w *Worker) restore(ctx context.Context, ver function.Version, id string) (*instance, error) {
+	codeDir, err := w.codeDir(ctx, ver)
+	if err != nil {
+		return nil, err
+	}
+	spec := w.instanceSpec(ver, newInstanceID(), codeDir)
+	var rres snapshot.RestoreResult
+	sb, err := w.sandboxes.Restore(ctx, spec, func(ctx context.Context, env sandbox.RestoreEnv) (int, error) {
+		var err error
+		rres, err = w.snap.svc.Restore(ctx, id, snapshot.Expect{Function: ver.Name, Version: ver.Version, Runtime: w.snap.runtime}, snapshot.RestoreSpec{
+			Root: env.Root, Mounts: env.Mounts, ExecPrefix: env.ExecPrefix,
+		})
+		return rres.Restore.Pid, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{id: spec.ID, ver: ver, sb: sb, spec: spec}
+	if err := w.resume(ctx, in, true); err != nil {
+		w.destroy(in)
+		return nil, fmt.Errorf("restored instance of %s did not answer: %w", ver.Name, err)
+	}
+	w.metrics.instances.WithLabelValues("live").Inc()
+	return in, nil
+}
+
+// isRefused reports a snapshot that failed verification (corrupt,
+// truncated, badly signed, incompatible).
+func isRefused(err error) bool { return image.IsRefused(err) }
