@@ -145,3 +145,9 @@ type SnapshotFile struct {
 type SnapshotList struct {
 	Snapshots []Snapshot `json:"snapshots"`
 }
+
+// SnapshotGC answers POST /v1/snapshots/gc: the blob keys of the removed
+// data objects (left by uploads that died before their manifest).
+type SnapshotGC struct {
+	Removed []string `json:"removed"`
+}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
 )
 
 // TestSnapshotCLI drives the snapshot commands against the real binary:
@@ -64,6 +66,20 @@ func TestSnapshotCLI(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, id) {
 		t.Fatalf("import: %v\n%s%s", err, out, errOut)
 	}
+	// gc removes data no manifest refers to, once old enough.
+	orphan := filepath.Join(s.home, "snapshots", "snapshots", "data", "0123456789abcdef0123456789abcdef")
+	if err := os.WriteFile(orphan, []byte("half an upload"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	_ = os.Chtimes(orphan, old, old)
+	out, errOut, err = s.cli("snapshot", "gc")
+	if err != nil || !strings.Contains(out, "0123456789abcdef") || !strings.Contains(errOut, "removed 1 ") {
+		t.Fatalf("gc: %v %q %q", err, out, errOut)
+	}
+	if _, _, err := s.cli("snapshot", "inspect", short); err != nil {
+		t.Fatalf("gc removed a live snapshot: %v", err)
+	}
 	// A tampered bundle is refused.
 	b, _ := os.ReadFile(bundle)
 	b[len(b)-100] ^= 1
@@ -72,9 +88,98 @@ func TestSnapshotCLI(t *testing.T) {
 	if _, errOut, err := s.cli("snapshot", "import", bad); err == nil || !strings.Contains(errOut, "digest") {
 		t.Fatalf("import of a tampered bundle: %v %s", err, errOut)
 	}
-	// rm dropped the start snapshot: wait out the idle TTL, then it is cold again.
-	time.Sleep(2500 * time.Millisecond)
+	// rm dropped the start snapshot: once the restored instance retires
+	// (--idle-ttl), the next call is cold again.
+	s.waitBusy(t, 0)
 	if r := s.invoke("counter", "{}"); r.Header.Get("X-Torpor-Start") != "cold" {
 		t.Errorf("after rm, start %q, want cold", r.Header.Get("X-Torpor-Start"))
+	}
+}
+
+// TestSnapshotAcrossProcesses: two torpor processes (separate homes)
+// share an external NATS, a snapshot store and a cluster key. A snapshot
+// taken by one process's worker is restored by the other's after the first
+// is gone.
+func TestSnapshotAcrossProcesses(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), MaxPayload: 8 << 20, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	shared := t.TempDir()
+	args := func(id string) []string {
+		return []string{"--nats", ns.ClientURL(), "--worker-id", id, "--idle-ttl", "1s",
+			"--snapshot-store", filepath.Join(shared, "snapshots"), "--cluster-key-file", filepath.Join(shared, "cluster-key")}
+	}
+	servers := map[string]*server{"w1": startServer(t, args("w1")...), "w2": startServer(t, args("w2")...)}
+	s := servers["w1"]
+	s.deploy("counter", "n = 0\ndef handler(event, context):\n    global n\n    n += 1\n    return n\n", deployOpts{})
+	mustOK(t, s.invoke("counter", "{}"))
+	_, errOut, err := s.cli("snapshot", "create", "counter", "--use")
+	if err != nil {
+		t.Fatalf("snapshot create: %v\n%s", err, errOut)
+	}
+	// "counter v1, instance i-… on w2: …": stop the worker that took it.
+	var taker string
+	for id := range servers {
+		if strings.Contains(errOut, " on "+id+":") {
+			taker = id
+		}
+	}
+	if taker == "" {
+		t.Fatalf("cannot tell which worker took the snapshot from %q", errOut)
+	}
+	servers[taker].stop()
+	other := servers[map[string]string{"w1": "w2", "w2": "w1"}[taker]]
+	// Its instances from the deploy and the first call retire (--idle-ttl).
+	other.waitBusy(t, 0)
+	r := other.invoke("counter", "{}")
+	got := mustOK(t, r)
+	if r.Header.Get("X-Torpor-Start") != "restore" {
+		t.Fatalf("call on the other process started %q (result %s)", r.Header.Get("X-Torpor-Start"), got)
+	}
+	// The snapshot was taken with n = 1 or 2 (the instance that took the
+	// first call, or a new one): the restored copy continues from it.
+	if got != "2" && got != "1" {
+		t.Errorf("restored counter returned %s", got)
+	}
+}
+
+// TestSnapshotBadInput: every malformed snapshot request gets a clear 4xx
+// naming the problem, and the server keeps serving.
+func TestSnapshotBadInput(t *testing.T) {
+	s := startServer(t)
+	s.deploy("fn", "def handler(e, c):\n    return 1\n", deployOpts{})
+	tests := []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"POST", "/v1/snapshots", `{"function":`, 400, "malformed snapshot request"},
+		{"POST", "/v1/snapshots", `{"function":"no-such-fn"}`, 404, "no-such-fn"},
+		{"POST", "/v1/snapshots", `{"function":"../etc"}`, 400, "name"},
+		{"POST", "/v1/snapshots", `{"function":"fn","instance":"i-000000000000"}`, 404, "not idle"},
+		{"GET", "/v1/snapshots/ab", "", 400, "4"},
+		{"GET", "/v1/snapshots/zzzz", "", 400, "hex"},
+		{"GET", "/v1/snapshots/abcdef12", "", 404, "no snapshot"},
+		{"DELETE", "/v1/snapshots/abcdef12", "", 404, "no snapshot"},
+		{"GET", "/v1/snapshots/abcdef12/export", "", 404, "no snapshot"},
+		{"POST", "/v1/snapshots/import", "PK\x03\x04not a bundle", 400, "not a torpor snapshot bundle"},
+		{"POST", "/v1/snapshots/gc?older_than=5s", "", 400, "too short"},
+		{"POST", "/v1/snapshots/gc?older_than=soon", "", 400, "duration"},
+	}
+	for _, tt := range tests {
+		r := s.request(tt.method, tt.path, tt.body, nil)
+		if r.Status != tt.status || !strings.Contains(r.Body, tt.want) {
+			t.Errorf("%s %s %q: %d %s, want %d with %q", tt.method, tt.path, tt.body, r.Status, r.Body, tt.status, tt.want)
+		}
+	}
+	if got := mustOK(t, s.invoke("fn", "{}")); got != "1" {
+		t.Errorf("after bad input the function returns %s", got)
 	}
 }

@@ -22,7 +22,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 		GroupID: groupSnapshots,
 	}
 	cmd.AddCommand(newSnapshotLsCmd(g), newSnapshotInspectCmd(g), newSnapshotRmCmd(g), newSnapshotCreateCmd(g),
-		newSnapshotExportCmd(g), newSnapshotImportCmd(g))
+		newSnapshotExportCmd(g), newSnapshotImportCmd(g), newSnapshotGCCmd(g))
 	return cmd
 }
 
@@ -223,4 +223,30 @@ func newSnapshotImportCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func newSnapshotGCCmd(g *globals) *cobra.Command {
+	var olderThan time.Duration
+	cmd := &cobra.Command{
+		Use:   "gc",
+		Short: "Remove snapshot data no snapshot refers to (left by uploads that died half way)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			removed, err := c.GCSnapshots(cmd.Context(), olderThan)
+			if err != nil {
+				return err
+			}
+			for _, k := range removed {
+				fmt.Fprintln(cmd.OutOrStdout(), k)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "removed %d unreferenced data objects\n", len(removed))
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&olderThan, "older-than", time.Hour, "only data older than this (uploads in progress have no manifest yet either)")
+	return cmd
 }

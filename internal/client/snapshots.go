@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/torpor-dev/torpor/api"
 )
@@ -93,4 +94,12 @@ func (p *progressReader) Read(b []byte) (int, error) {
 	p.done += int64(n)
 	p.fn(p.done, p.total)
 	return n, err
+}
+
+// GCSnapshots removes unreferenced snapshot data older than olderThan.
+func (c *Client) GCSnapshots(ctx context.Context, olderThan time.Duration) ([]string, error) {
+	var out api.SnapshotGC
+	q := url.Values{"older_than": {olderThan.String()}}
+	err := c.doJSON(ctx, http.MethodPost, "/v1/snapshots/gc", q, nil, &out)
+	return out.Removed, err
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/callmsg"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/registry"
 	"github.com/torpor-dev/torpor/internal/snapshot/image"
 )
 
@@ -27,14 +28,15 @@ import (
 // straight from the snapshot store, and taking snapshots through a worker.
 type Snapshots struct {
 	bus   *bus.Bus
+	reg   *registry.Registry
 	store blob.Store
 	keys  *image.Keyring // verifies imports
 }
 
 // NewSnapshots returns the snapshot backend over store; keys verifies
 // imported bundles.
-func NewSnapshots(b *bus.Bus, store blob.Store, keys *image.Keyring) *Snapshots {
-	return &Snapshots{bus: b, store: store, keys: keys}
+func NewSnapshots(b *bus.Bus, reg *registry.Registry, store blob.Store, keys *image.Keyring) *Snapshots {
+	return &Snapshots{bus: b, reg: reg, store: store, keys: keys}
 }
 
 // Export resolves ref and returns the size of its bundle and its writer.
@@ -158,11 +160,16 @@ func (s *Snapshots) Create(ctx context.Context, req api.SnapshotCreate) (api.Sna
 	if req.Version < 0 {
 		return api.SnapshotCreated{}, errdefs.Invalid("version " + strconv.Itoa(req.Version) + " is negative")
 	}
+	// A function that does not exist is this gateway's answer, as for
+	// calls, not a worker's (which would first wait for it to show up).
+	if _, err := s.reg.Resolve(req.Function, req.Version); err != nil {
+		return api.SnapshotCreated{}, err
+	}
 	body, _ := json.Marshal(req)
 	msg := nats.NewMsg(bus.SubjSnapshot)
 	msg.Data = body
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
+	ctx, cancelReq := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancelReq()
 	reply, err := s.bus.NC.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -179,4 +186,17 @@ func (s *Snapshots) Create(ctx context.Context, req api.SnapshotCreate) (api.Sna
 		return api.SnapshotCreated{}, fmt.Errorf("snapshot %s: bad worker reply: %w", req.Function, err)
 	}
 	return out, nil
+}
+
+// GC removes the data objects no snapshot refers to (left by uploads that
+// died half way) that are older than olderThan, and returns their keys.
+func (s *Snapshots) GC(ctx context.Context, olderThan time.Duration) ([]string, error) {
+	if olderThan < time.Minute {
+		return nil, errdefs.Invalid(fmt.Sprintf("older_than %s is too short: an upload in progress has no manifest yet either; use at least 1m (default 1h)", olderThan))
+	}
+	removed, err := image.GC(ctx, s.store, time.Now().Add(-olderThan))
+	if removed == nil {
+		removed = []string{}
+	}
+	return removed, err
 }

@@ -67,6 +67,7 @@ func authRequests(t *testing.T) []struct{ method, path, body string } {
 		{"DELETE", "/v1/snapshots/c1", ""},
 		{"GET", "/v1/snapshots/c1/export", ""},
 		{"POST", "/v1/snapshots/import", "TORPSNAP"},
+		{"POST", "/v1/snapshots/gc", ""},
 		{"POST", "/2015-03-31/functions/echo/invocations", "{}"},
 		{"DELETE", "/v1/functions/echo", ""}, // last: it removes echo
 		{"GET", "/v1/nothing", ""},

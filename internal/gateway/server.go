@@ -84,6 +84,7 @@ func New(b Backend, opts Options) *Server {
 		{"DELETE /v1/snapshots/{id}", s.handleDeleteSnapshot},
 		{"GET /v1/snapshots/{id}/export", s.handleExportSnapshot},
 		{"POST /v1/snapshots/import", s.handleImportSnapshot},
+		{"POST /v1/snapshots/gc", s.handleGCSnapshots},
 
 		{"POST /2015-03-31/functions/{name}/invocations", s.handleLambdaInvoke},
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/errdefs"
@@ -25,6 +26,8 @@ type Snapshots interface {
 	Export(ctx context.Context, ref string) (id string, size int64, write func(io.Writer) error, err error)
 	// Import verifies and stores a bundle.
 	Import(ctx context.Context, r io.Reader) (api.Snapshot, error)
+	// GC removes unreferenced data objects older than olderThan.
+	GC(ctx context.Context, olderThan time.Duration) ([]string, error)
 }
 
 func (s *Server) snapshots() (Snapshots, error) {
@@ -136,4 +139,25 @@ func (s *Server) handleImportSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, snap)
+}
+
+func (s *Server) handleGCSnapshots(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.snapshots()
+	olderThan := time.Hour
+	if err == nil {
+		if q := r.URL.Query().Get("older_than"); q != "" {
+			if olderThan, err = time.ParseDuration(q); err != nil {
+				err = errdefs.Invalid(fmt.Sprintf("older_than %q: want a duration such as 1h or 30m", q))
+			}
+		}
+	}
+	var removed []string
+	if err == nil {
+		removed, err = sn.GC(r.Context(), olderThan)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.SnapshotGC{Removed: removed})
 }

@@ -116,7 +116,11 @@ func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.Snap
 	if w.snap == nil {
 		return api.SnapshotCreated{}, w.errNoSnapshots()
 	}
-	ver, err := w.reg.ResolveWait(ctx, req.Function, req.Version)
+	// As for calls: a version committed elsewhere shows up here within
+	// moments; a function that does not exist fails fast.
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ver, err := w.reg.ResolveWait(rctx, req.Function, req.Version)
+	cancel()
 	if err != nil {
 		return api.SnapshotCreated{}, err
 	}
