@@ -59,16 +59,7 @@ func TestAsyncSurvivesSIGKILL(t *testing.T) {
 
 // TestExternalNATS: the same code runs against an external NATS server.
 func TestExternalNATS(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), MaxPayload: 8 << 20, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	ns := startNATS(t)
 	s := startServer(t, "--nats", ns.ClientURL())
 	s.deploy("ext", "def handler(e, c):\n    return {'ext': e}\n", deployOpts{})
 	if got := mustOK(t, s.invoke("ext", `1`)); got != `{"ext": 1}` {
@@ -92,4 +83,20 @@ func TestExternalNATS(t *testing.T) {
 	if got := mustOK(t, s2.invoke("ext", `3`)); got != `{"ext": 3}` {
 		t.Errorf("second server: %s", got)
 	}
+}
+
+// startNATS starts an external NATS JetStream server on loopback for t.
+func startNATS(t *testing.T) *natsserver.Server {
+	t.Helper()
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), MaxPayload: 8 << 20, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return ns
 }

@@ -1,13 +1,12 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	natsserver "github.com/nats-io/nats-server/v2/server"
 )
 
 // TestSnapshotCLI drives the snapshot commands against the real binary:
@@ -90,7 +89,7 @@ func TestSnapshotCLI(t *testing.T) {
 	}
 	// rm dropped the start snapshot: once the restored instance retires
 	// (--idle-ttl), the next call is cold again.
-	s.waitBusy(t, 0)
+	s.waitNoIdle(t)
 	if r := s.invoke("counter", "{}"); r.Header.Get("X-Torpor-Start") != "cold" {
 		t.Errorf("after rm, start %q, want cold", r.Header.Get("X-Torpor-Start"))
 	}
@@ -101,16 +100,7 @@ func TestSnapshotCLI(t *testing.T) {
 // taken by one process's worker is restored by the other's after the first
 // is gone.
 func TestSnapshotAcrossProcesses(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), MaxPayload: 8 << 20, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	ns := startNATS(t)
 	shared := t.TempDir()
 	args := func(id string) []string {
 		return []string{"--nats", ns.ClientURL(), "--worker-id", id, "--idle-ttl", "1s",
@@ -136,8 +126,9 @@ func TestSnapshotAcrossProcesses(t *testing.T) {
 	}
 	servers[taker].stop()
 	other := servers[map[string]string{"w1": "w2", "w2": "w1"}[taker]]
-	// Its instances from the deploy and the first call retire (--idle-ttl).
-	other.waitBusy(t, 0)
+	// Its instances from the deploy and the first call, if any, retire
+	// (--idle-ttl).
+	other.waitNoIdle(t)
 	r := other.invoke("counter", "{}")
 	got := mustOK(t, r)
 	if r.Header.Get("X-Torpor-Start") != "restore" {
@@ -182,4 +173,19 @@ func TestSnapshotBadInput(t *testing.T) {
 	if got := mustOK(t, s.invoke("fn", "{}")); got != "1" {
 		t.Errorf("after bad input the function returns %s", got)
 	}
+}
+
+// waitNoIdle waits until the server's worker has no idle instance (a
+// worker that never had one exports no instance gauge at all).
+func (s *server) waitNoIdle(t *testing.T) {
+	t.Helper()
+	eventually(t, 20*time.Second, "idle instances to retire", func() error {
+		m := s.get("/metrics", nil).Body
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, `torpor_instances{state="idle"} `) && !strings.HasSuffix(l, " 0") {
+				return fmt.Errorf("%s", l)
+			}
+		}
+		return nil
+	})
 }

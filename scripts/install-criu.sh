@@ -82,7 +82,12 @@ state=$(mktemp -d)
 trap 'rm -rf "$state"' EXIT
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs"
 echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$state/sources.list"
-[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || die "missing /usr/share/keyrings/debian-archive-keyring.gpg (apt-get install debian-archive-keyring)"
+if [ ! -f /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+	# Ubuntu and other derivatives: Debian's archive key, from the distro.
+	log "apt-get install debian-archive-keyring"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debian-archive-keyring >/dev/null ||
+		die "cannot install debian-archive-keyring, needed to verify Debian's packages"
+fi
 opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/dev/null
 	-o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o Dir::State::Status=/dev/null
 	-o APT::Architecture=amd64 -o Debug::NoLocking=1 -o APT::Sandbox::User=root

@@ -83,6 +83,50 @@ func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id
 	return node{w: w, d: dispatch.New(b, reg, calls, w, log)}
 }
 
+// cluster is what the nodes of a snapshot test share: a bus, a snapshot
+// store and the cluster key.
+type cluster struct {
+	bus   *bus.Bus
+	store blob.Store
+	keys  *image.Keyring
+}
+
+// newCluster skips (or, in CI, fails) without root, Python or CRIU, and
+// returns a cluster over store (a fresh local directory when nil).
+func newCluster(t *testing.T, store blob.Store) cluster {
+	t.Helper()
+	requireRoot(t)
+	testenv.Python(t)
+	testenv.CRIU(t)
+	if store == nil {
+		st, err := localdir.New(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		store = st
+	}
+	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cluster{bus: testenv.Bus(t), store: store, keys: keys}
+}
+
+// node starts a worker of the cluster.
+func (c cluster) node(t *testing.T, id string) node { return newNode(t, c.bus, c.store, c.keys, id) }
+
+// deploy deploys app.py = code as fn with memoryMB.
+func (n node) deploy(t *testing.T, fn, code string, memoryMB int) {
+	t.Helper()
+	zip, err := codezip.FromFiles(map[string]string{"app.py": code})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: fn, Runtime: "python3", Handler: "app.handler", MemoryMB: memoryMB, TimeoutSec: 5}, zip); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // statefulCode counts calls in a global, keeps a file in /tmp and draws
 // random numbers: all three must survive a snapshot, and the RNG must be
 // reseeded in every restored copy.
@@ -145,9 +189,6 @@ func invokeStateful(t *testing.T, n node, fn string, event string) (stateful, fu
 // the same pids inside the instance), through a shared local directory and
 // through S3 (a real MinIO).
 func TestSnapshotRestoreAcrossWorkers(t *testing.T) {
-	requireRoot(t)
-	testenv.Python(t)
-	testenv.CRIU(t)
 	for _, tc := range []struct {
 		name  string
 		store func(t *testing.T) blob.Store
@@ -172,24 +213,16 @@ func TestSnapshotRestoreAcrossWorkers(t *testing.T) {
 			return st
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testRestoreAcrossWorkers(t, tc.store(t)) })
+		t.Run(tc.name, func(t *testing.T) {
+			requireRoot(t) // before a MinIO is started for nothing
+			testRestoreAcrossWorkers(t, newCluster(t, tc.store(t)))
+		})
 	}
 }
 
-func testRestoreAcrossWorkers(t *testing.T, store blob.Store) {
-	b := testenv.Bus(t)
-	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newNode(t, b, store, keys, "w-a")
-	zip, err := codezip.FromFiles(map[string]string{"app.py": statefulCode})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.d.Deploy(testenv.Ctx(t), function.Spec{Name: "counter", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
-		t.Fatal(err)
-	}
+func testRestoreAcrossWorkers(t *testing.T, c cluster) {
+	a := c.node(t, "w-a")
+	a.deploy(t, "counter", statefulCode, 128)
 	s1, _ := invokeStateful(t, a, "counter", `{"tmp":"kept","garbage":100000}`)
 	s2, _ := invokeStateful(t, a, "counter", `{}`)
 	if s2.N != s1.N+1 {
@@ -216,14 +249,14 @@ func testRestoreAcrossWorkers(t *testing.T, store blob.Store) {
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	a.w.Close(closeCtx)
 	cancel()
-	if _, err := b.Snapshots.Put(testenv.Ctx(t), "counter.1", []byte(res.ID)); err != nil {
+	if _, err := c.bus.Snapshots.Put(testenv.Ctx(t), "counter.1", []byte(res.ID)); err != nil {
 		t.Fatal(err)
 	}
-	c := newNode(t, b, store, keys, "w-c")
-	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return c.w.HasStartSnapshot("counter", 1) })
+	wc := c.node(t, "w-c")
+	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return wc.w.HasStartSnapshot("counter", 1) })
 	var got []stateful
 	for range 2 {
-		s, r := invokeStateful(t, c, "counter", `{"lo":true}`)
+		s, r := invokeStateful(t, wc, "counter", `{"lo":true}`)
 		got = append(got, s)
 		t.Logf("on w-c: %+v start=%s start_time=%v", s, r.Start, r.StartTime)
 		if len(got) == 1 && r.Start != function.StartRestore {
@@ -247,27 +280,14 @@ func testRestoreAcrossWorkers(t *testing.T, store blob.Store) {
 // TestRefusedSnapshotStartsCold: a start snapshot whose data was tampered
 // with is refused before CRIU sees it, and the call starts cold instead.
 func TestRefusedSnapshotStartsCold(t *testing.T) {
-	requireRoot(t)
-	testenv.Python(t)
-	testenv.CRIU(t)
-	b := testenv.Bus(t)
 	root := t.TempDir()
 	store, err := localdir.New(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNode(t, b, store, keys, "w-a")
-	zip, err := codezip.FromFiles(map[string]string{"app.py": statefulCode})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: "counter", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
-		t.Fatal(err)
-	}
+	c := newCluster(t, store)
+	n := c.node(t, "w-a")
+	n.deploy(t, "counter", statefulCode, 128)
 	invokeStateful(t, n, "counter", `{"tmp":"x"}`)
 	// Snapshot and stop the only instance (not left running), as the start snapshot.
 	res, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "counter", Use: true})
@@ -276,7 +296,7 @@ func TestRefusedSnapshotStartsCold(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return n.w.HasStartSnapshot("counter", 1) })
 	// Flip one byte in the middle of the data object.
-	sums, err := image.List(testenv.Ctx(t), store)
+	sums, err := image.List(testenv.Ctx(t), c.store)
 	if err != nil || len(sums) != 1 {
 		t.Fatalf("List = %v, %v", sums, err)
 	}
@@ -299,20 +319,9 @@ func TestRefusedSnapshotStartsCold(t *testing.T) {
 // loopback is restored with its network namespace whole, and the listener
 // still accepts.
 func TestSnapshotWithListeningSocket(t *testing.T) {
-	requireRoot(t)
-	testenv.Python(t)
-	testenv.CRIU(t)
-	b := testenv.Bus(t)
-	store, err := localdir.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNode(t, b, store, keys, "w-a")
-	zip, err := codezip.FromFiles(map[string]string{"app.py": `import socket
+	c := newCluster(t, nil)
+	n := c.node(t, "w-a")
+	n.deploy(t, "listener", `import socket
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen()
@@ -324,17 +333,11 @@ def handler(event, context):
     a.close()
     c.close()
     return got.decode()
-`})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: "listener", Runtime: "python3", Handler: "app.handler", MemoryMB: 128, TimeoutSec: 5}, zip); err != nil {
-		t.Fatal(err)
-	}
+`, 128)
 	if _, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "listener", Use: true}); err != nil {
 		t.Fatal(err)
 	}
-	sums, err := image.List(testenv.Ctx(t), store)
+	sums, err := image.List(testenv.Ctx(t), c.store)
 	if err != nil || len(sums) != 1 || sums[0].Manifest.Labels[snapshot.LabelNoInetSockets] != "" {
 		t.Fatalf("the snapshot of an instance with a listener is labelled %v (%v)", sums, err)
 	}
@@ -348,26 +351,8 @@ def handler(event, context):
 // TestRuntimeAssistedCapture: the GC and allocator trim the agent runs
 // before a dump (CheckSync's idea) keep freed memory out of the image.
 func TestRuntimeAssistedCapture(t *testing.T) {
-	requireRoot(t)
-	testenv.Python(t)
-	testenv.CRIU(t)
-	b := testenv.Bus(t)
-	store, err := localdir.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := image.LoadOrCreateKey(filepath.Join(t.TempDir(), "cluster-key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNode(t, b, store, keys, "w-a")
-	zip, err := codezip.FromFiles(map[string]string{"app.py": statefulCode})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.d.Deploy(testenv.Ctx(t), function.Spec{Name: "counter", Runtime: "python3", Handler: "app.handler", MemoryMB: 256, TimeoutSec: 5}, zip); err != nil {
-		t.Fatal(err)
-	}
+	n := newCluster(t, nil).node(t, "w-a")
+	n.deploy(t, "counter", statefulCode, 256)
 	// ~16 MB of cyclic garbage, which only the GC frees.
 	invokeStateful(t, n, "counter", `{"garbage":200000}`)
 	var raw [2]int64
