@@ -14,6 +14,7 @@ import (
 
 	"github.com/torpor-dev/torpor/internal/app"
 	"github.com/torpor-dev/torpor/internal/config"
+	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/internal/snapshot/criu"
 )
 
@@ -56,6 +57,20 @@ func doctor(ctx context.Context, cfg config.Config, out io.Writer) int {
 	_ = unix.Uname(&uts)
 	fmt.Fprintf(out, "      %-16s %s %s\n", "kernel", unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Machine[:]))
 	report(os.Geteuid() == 0, "root", map[bool]string{true: "running as root", false: "a worker must run as root: use sudo"}[os.Geteuid() == 0])
+
+	// Sandboxes live in user namespaces (docs/sandbox.md).
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil {
+		n := strings.TrimSpace(string(b))
+		report(n != "0", "user namespaces", "max_user_namespaces = "+n+map[bool]string{true: "", false: ": sandboxes need them (sysctl user.max_user_namespaces=10000)"}[n != "0"])
+	}
+
+	if exe, err := os.Executable(); err == nil {
+		if p := sandbox.FindInit(ctx, exe); p != "" {
+			report(true, "sandbox init", p)
+		} else {
+			fmt.Fprintf(out, "%-4s  %-16s %s\n", "warn", "sandbox init", "no torpor-init of this build beside "+exe+": the worker re-executes itself (~8 ms slower per start and restore; scripts/install.sh installs it)")
+		}
+	}
 
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	py, err := config.ResolvePython(pctx, cfg.Python)
