@@ -85,9 +85,16 @@ const (
 // SnapshotCreate is the body of POST /v1/snapshots: snapshot an idle
 // instance of a function (any idle one, the one named, or a new one).
 type SnapshotCreate struct {
-	Function string `json:"function"`
+	Function string `json:"function,omitempty"` // required unless Call is set
 	Version  int    `json:"version,omitempty"`  // 0 = latest
 	Instance string `json:"instance,omitempty"` // an idle instance's id (i-…)
+	// Call names a call: the instance that served it is snapshotted, on
+	// the worker that ran it, once the call is over (a running call cannot
+	// be checkpointed yet: 409).
+	Call string `json:"call,omitempty"`
+	// Worker routes the request to one worker (the one holding Instance);
+	// empty lets any worker take it.
+	Worker string `json:"worker,omitempty"`
 	// LeaveRunning keeps the instance serving after the dump.
 	LeaveRunning bool `json:"leave_running,omitempty"`
 	// NoGC skips the runtime's GC and allocator trim before the dump.

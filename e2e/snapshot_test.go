@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -185,6 +186,48 @@ func (s *server) waitNoIdle(t *testing.T) {
 			if strings.HasPrefix(l, `torpor_instances{state="idle"} `) && !strings.HasSuffix(l, " 0") {
 				return fmt.Errorf("%s", l)
 			}
+		}
+		return nil
+	})
+}
+
+// TestSnapshotOfCall: `torpor snapshot create CALL` snapshots the instance
+// that served the call, on its worker; a call still running is refused.
+func TestSnapshotOfCall(t *testing.T) {
+	s := startServer(t)
+	s.deploy("slow", "import time\nn = 0\ndef handler(event, context):\n    global n\n    n += 1\n    time.sleep(event.get('sleep', 0))\n    return n\n", deployOpts{TimeoutS: 10})
+	r := s.invoke("slow", "{}")
+	mustOK(t, r)
+	call := r.Header.Get("X-Torpor-Call-Id")
+	out, errOut, err := s.cli("snapshot", "create", call, "--leave-running")
+	if err != nil || !strings.HasPrefix(out, "sha256:") {
+		t.Fatalf("snapshot create %s: %v\n%s%s", call, err, out, errOut)
+	}
+	// The instance kept running and keeps its state.
+	if got := mustOK(t, s.invoke("slow", "{}")); got != "2" {
+		t.Errorf("after the snapshot the instance returned %s, want 2", got)
+	}
+	// A running call (async, so that its record says so): 409, saying why.
+	var c struct{ ID, Status string }
+	if err := json.Unmarshal([]byte(s.post("/v1/functions/slow/invoke?async=true", `{"sleep": 2}`, nil).Body), &c); err != nil {
+		t.Fatal(err)
+	}
+	running := c.ID
+	eventually(t, 10*time.Second, "the slow call to run", func() error {
+		s.getJSON("/v1/calls/"+running, &c)
+		if c.Status != "running" {
+			return fmt.Errorf("status %s", c.Status)
+		}
+		return nil
+	})
+	r = s.request("POST", "/v1/snapshots", `{"call":"`+running+`"}`, nil)
+	if r.Status != 409 || !strings.Contains(r.Body, "still running") {
+		t.Errorf("snapshot of a running call: %d %s, want 409", r.Status, r.Body)
+	}
+	eventually(t, 10*time.Second, "the slow call to finish", func() error {
+		s.getJSON("/v1/calls/"+running, &c)
+		if c.Status != "succeeded" {
+			return fmt.Errorf("status %s", c.Status)
 		}
 		return nil
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/torpor-dev/torpor/api"
+	"github.com/torpor-dev/torpor/internal/function"
 )
 
 const groupSnapshots = "snapshots"
@@ -118,21 +119,30 @@ func newSnapshotRmCmd(g *globals) *cobra.Command {
 func newSnapshotCreateCmd(g *globals) *cobra.Command {
 	var req api.SnapshotCreate
 	cmd := &cobra.Command{
-		Use:   "create FUNCTION|INSTANCE",
-		Short: "Checkpoint an idle instance of a function into the snapshot store",
-		Long: `Checkpoint an idle instance of FUNCTION (any idle one, or a new one), or
-the idle instance INSTANCE (i-…, with --function), into the snapshot store.
+		Use:   "create FUNCTION|INSTANCE|CALL",
+		Short: "Checkpoint an idle instance into the snapshot store",
+		Long: `Checkpoint an instance into the snapshot store:
+
+  FUNCTION  any idle instance of the function (or a new one)
+  INSTANCE  the idle instance i-… (name its function with --function; with
+            several workers, name its worker with --worker)
+  CALL      the instance that served the call (a call id), on the worker
+            that ran it, once the call is over
+
 The agent runs the GC and trims its allocator first; the image is streamed,
 compressed and signed. With --use, new instances of that version start from
 the snapshot on every worker (X-Torpor-Start: restore).`,
-		Args: args("FUNCTION|INSTANCE"),
+		Args: args("FUNCTION|INSTANCE|CALL"),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			if strings.HasPrefix(a[0], "i-") {
+			switch {
+			case strings.HasPrefix(a[0], "i-"):
 				if req.Function == "" {
 					return usageError{fmt.Errorf("snapshot of instance %s: name its function with --function", a[0])}
 				}
 				req.Instance = a[0]
-			} else {
+			case function.ValidateCallID(a[0]) == nil && strings.Count(a[0], "-") == 4:
+				req.Call = a[0]
+			default:
 				req.Function = a[0]
 			}
 			c, err := g.client()
@@ -155,6 +165,7 @@ the snapshot on every worker (X-Torpor-Start: restore).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Function, "function", "", "the function of INSTANCE")
+	f.StringVar(&req.Worker, "worker", "", "the worker holding INSTANCE")
 	f.IntVar(&req.Version, "version", 0, "function version (default: latest)")
 	f.BoolVar(&req.LeaveRunning, "leave-running", false, "keep the instance serving after the dump")
 	f.BoolVar(&req.NoGC, "no-gc", false, "skip the runtime's GC and allocator trim before the dump")

@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			return err
 		}
 		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg, Token: apiToken,
-			Snapshots: dispatch.NewSnapshots(b, reg, store, keys)})
+			Snapshots: dispatch.NewSnapshots(b, reg, calls, store, keys)})
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w (is another torpor running? pick another address with --listen)", cfg.Listen, err)

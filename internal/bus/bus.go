@@ -34,7 +34,8 @@ const (
 	SubjInvoke = "torpor.invoke."
 	// SubjValidate: deploy-time validation requests (queue group Workers).
 	SubjValidate = "torpor.validate"
-	// SubjSnapshot: requests to snapshot an instance (queue group Workers).
+	// SubjSnapshot: requests to snapshot an instance (queue group Workers);
+	// SnapshotSubject(worker) addresses one worker.
 	SubjSnapshot = "torpor.snapshot"
 	// SubjCalls + function name: durable async calls in StreamCalls.
 	SubjCalls = "torpor.calls."
@@ -289,3 +290,15 @@ func (b *Bus) Close() {
 
 // AckWait is the async consumer's redelivery timeout.
 func (b *Bus) AckWait() time.Duration { return b.cfg.AckWait }
+
+// SnapshotSubject is the subject of snapshot requests for one worker: the
+// worker id with anything a subject token cannot hold replaced by '_'.
+func SnapshotSubject(workerID string) string {
+	b := []byte(workerID)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return SubjSnapshot + ".worker." + string(b)
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/blob"
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/callmsg"
+	"github.com/torpor-dev/torpor/internal/callstore"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/registry"
@@ -29,14 +30,15 @@ import (
 type Snapshots struct {
 	bus   *bus.Bus
 	reg   *registry.Registry
+	calls *callstore.Store // to find the worker of a call
 	store blob.Store
 	keys  *image.Keyring // verifies imports
 }
 
 // NewSnapshots returns the snapshot backend over store; keys verifies
 // imported bundles.
-func NewSnapshots(b *bus.Bus, reg *registry.Registry, store blob.Store, keys *image.Keyring) *Snapshots {
-	return &Snapshots{bus: b, reg: reg, store: store, keys: keys}
+func NewSnapshots(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, store blob.Store, keys *image.Keyring) *Snapshots {
+	return &Snapshots{bus: b, reg: reg, calls: calls, store: store, keys: keys}
 }
 
 // Export resolves ref and returns the size of its bundle and its writer.
@@ -154,6 +156,24 @@ func (s *Snapshots) Delete(ctx context.Context, ref string) (string, error) {
 
 // Create asks a worker to snapshot an instance.
 func (s *Snapshots) Create(ctx context.Context, req api.SnapshotCreate) (api.SnapshotCreated, error) {
+	subject := bus.SubjSnapshot
+	if req.Worker != "" {
+		subject = bus.SnapshotSubject(req.Worker)
+	}
+	if req.Call != "" {
+		c, err := s.callRecord(ctx, req.Call)
+		if err != nil {
+			return api.SnapshotCreated{}, err
+		}
+		if req.Function != "" && (req.Function != c.Function || req.Version != 0 && req.Version != c.Version) {
+			return api.SnapshotCreated{}, errdefs.Invalid(fmt.Sprintf("call %s is a call of %s v%d, not of %s", req.Call, c.Function, c.Version, req.Function))
+		}
+		if len(c.Attempts) == 0 {
+			return api.SnapshotCreated{}, fmt.Errorf("call %s has not started on any worker yet: %w", req.Call, errdefs.ErrConflict)
+		}
+		req.Function, req.Version = c.Function, c.Version
+		subject = bus.SnapshotSubject(c.Attempts[len(c.Attempts)-1].Worker)
+	}
 	if err := function.ValidateName(req.Function); err != nil {
 		return api.SnapshotCreated{}, err
 	}
@@ -166,13 +186,16 @@ func (s *Snapshots) Create(ctx context.Context, req api.SnapshotCreate) (api.Sna
 		return api.SnapshotCreated{}, err
 	}
 	body, _ := json.Marshal(req)
-	msg := nats.NewMsg(bus.SubjSnapshot)
+	msg := nats.NewMsg(subject)
 	msg.Data = body
 	ctx, cancelReq := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelReq()
 	reply, err := s.bus.NC.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
+			if subject != bus.SubjSnapshot {
+				return api.SnapshotCreated{}, fmt.Errorf("snapshot %s: the worker %s is gone or cannot take snapshots: %w", req.Function, strings.TrimPrefix(subject, bus.SubjSnapshot+".worker."), errdefs.ErrUnavailable)
+			}
 			return api.SnapshotCreated{}, fmt.Errorf("snapshot %s: no worker can take snapshots (is CRIU installed? see `torpor doctor`): %w", req.Function, errdefs.ErrUnavailable)
 		}
 		return api.SnapshotCreated{}, requestError("snapshot "+req.Function, err)
@@ -199,4 +222,22 @@ func (s *Snapshots) GC(ctx context.Context, olderThan time.Duration) ([]string, 
 		removed = []string{}
 	}
 	return removed, err
+}
+
+// callRecord reads call id's record, waiting a moment for it: a
+// synchronous call's record is written just after its reply.
+func (s *Snapshots) callRecord(ctx context.Context, id string) (function.Call, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	for {
+		c, err := s.calls.Get(ctx, id)
+		if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return c, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

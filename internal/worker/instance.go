@@ -32,6 +32,7 @@ type instance struct {
 	initLogs []agentproto.LogRecord // printed during init; shown with the first call
 	lastUsed time.Time
 	spec     sandbox.Spec // what it runs in (without ExtraFiles); snapshots need its mounts
+	lastCall string       // the call it served last (snapshot requests by call)
 }
 
 // alive reports whether the instance's process is still running.

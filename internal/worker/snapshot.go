@@ -124,7 +124,7 @@ func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.Snap
 	if err != nil {
 		return api.SnapshotCreated{}, err
 	}
-	in, err := w.takeForSnapshot(ctx, ver, req.Instance)
+	in, err := w.takeForSnapshot(ctx, ver, req.Instance, req.Call)
 	if err != nil {
 		return api.SnapshotCreated{}, err
 	}
@@ -170,12 +170,28 @@ func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.Snap
 	return res, nil
 }
 
-// takeForSnapshot takes an idle instance of ver (the one named, if any)
-// out of the pool, or starts a new one.
-func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id string) (*instance, error) {
+// setRunning records which instance runs call (nil: none any more).
+func (w *Worker) setRunning(call string, in *instance) {
+	if in == nil {
+		w.running.Delete(call)
+	} else {
+		w.running.Store(call, in)
+	}
+}
+
+// takeForSnapshot takes an idle instance of ver out of the pool — the one
+// named by id, or the one that served call, or any — or, when neither is
+// named, starts a new one.
+func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id, call string) (*instance, error) {
+	if call != "" {
+		if v, ok := w.running.Load(call); ok {
+			return nil, fmt.Errorf("call %s is still running on instance %s: a running call cannot be checkpointed yet (that comes with migration); snapshot it when it is over: %w",
+				call, v.(*instance).id, errdefs.ErrConflict)
+		}
+	}
 	w.mu.Lock()
 	for _, in := range w.idle[poolKey(ver.Name, ver.Version)] {
-		if id == "" || in.id == id {
+		if (id == "" || in.id == id) && (call == "" || in.lastCall == call) {
 			w.removeIdleLocked(in)
 			w.mu.Unlock()
 			w.metrics.instances.WithLabelValues("idle").Dec()
@@ -185,6 +201,9 @@ func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id s
 	w.mu.Unlock()
 	if id != "" {
 		return nil, errdefs.NotFound(fmt.Sprintf("instance %s of %s v%d is not idle on worker %s (busy instances cannot be checkpointed yet)", id, ver.Name, ver.Version, w.cfg.ID))
+	}
+	if call != "" {
+		return nil, errdefs.NotFound(fmt.Sprintf("the instance that served call %s is no longer idle on worker %s (it has served other calls since, is serving one, or was stopped)", call, w.cfg.ID))
 	}
 	if err := w.reserve(ctx, ver.MemoryMB, w.cfg.QueueWait); err != nil {
 		return nil, err

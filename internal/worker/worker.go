@@ -106,6 +106,7 @@ type Worker struct {
 	metrics   *Metrics
 
 	snap         *snapshots // nil when snapshots are disabled
+	running      sync.Map   // call id → *instance running it, for snapshot requests by call
 	agentDir     string
 	runtimeBinds []sandbox.Bind
 	extract      singleflight.Group
@@ -191,15 +192,18 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.subs = append(w.subs, sub)
 	if w.snap != nil {
-		sub, err = w.bus.NC.QueueSubscribe(bus.SubjSnapshot, bus.Workers, func(m *nats.Msg) {
+		handle := func(m *nats.Msg) {
 			if !w.track(func() { w.handleSnapshot(callCtx, m) }) {
 				_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
 			}
-		})
-		if err != nil {
-			return fmt.Errorf("worker: subscribe to snapshot requests: %w", err)
 		}
-		w.subs = append(w.subs, sub)
+		// Any worker, or this one by name (for its instances and calls).
+		for _, subj := range []string{bus.SubjSnapshot, bus.SnapshotSubject(w.cfg.ID)} {
+			if sub, err = w.bus.NC.QueueSubscribe(subj, bus.Workers, handle); err != nil {
+				return fmt.Errorf("worker: subscribe to snapshot requests: %w", err)
+			}
+			w.subs = append(w.subs, sub)
+		}
 	}
 	sub, err = w.bus.NC.QueueSubscribe(bus.SubjValidate, bus.Workers, func(m *nats.Msg) {
 		if !w.track(func() { w.handleValidate(callCtx, m) }) {
@@ -538,7 +542,10 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 	deadline := time.Now().Add(ver.Timeout())
 	ictx, icancel := context.WithDeadline(ctx, deadline)
 	t1 := time.Now()
+	w.setRunning(req.CallID, in)
 	out, ferr, err := in.cl.Invoke(ictx, agentproto.InvokeParams{ID: req.CallID, Payload: req.Payload, Deadline: deadline}, logs.add)
+	w.setRunning(req.CallID, nil)
+	in.lastCall = req.CallID
 	res.Duration = time.Since(t1)
 	icancel()
 	switch {
