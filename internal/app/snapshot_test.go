@@ -69,6 +69,7 @@ func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = svc.Close() })
 	if err := w.EnableSnapshots(testenv.Ctx(t), svc); err != nil {
 		t.Fatal(err)
 	}

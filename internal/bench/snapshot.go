@@ -419,6 +419,7 @@ func setupSnapshotBench(ctx context.Context, opts SnapshotOptions, out io.Writer
 		if err != nil {
 			return nil, nil, fmt.Errorf("bench snapshot: %w", err)
 		}
+		undo = append(undo, func() { _ = svc.Close() })
 		b.stores[name], b.svcs[name] = st, svc
 		fmt.Fprintf(out, "store %-5s: %s\n", name, st)
 	}
