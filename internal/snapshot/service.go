@@ -159,6 +159,40 @@ type RestoreResult struct {
 	Cached   bool // the image came from this node's cache: no download, no unpacking
 }
 
+// Prefetch downloads, verifies and unpacks snapshot id into the image
+// cache ahead of its first restore (workers do it when a snapshot becomes
+// a start snapshot), so that no call waits for it. An image larger than the
+// cache is not kept.
+func (s *Service) Prefetch(ctx context.Context, id string, want Expect) error {
+	full, err := image.Resolve(ctx, s.store, id)
+	if err != nil {
+		return fmt.Errorf("prefetch %s: %w", id, err)
+	}
+	ci, _, _, err := s.cache.get(ctx, full, s.reader(ctx, full, want))
+	if err != nil {
+		return fmt.Errorf("prefetch %s: %w", short(full), err)
+	}
+	s.cache.release(ci)
+	return nil
+}
+
+// reader unpacks image full into a directory, verified for want.
+func (s *Service) reader(ctx context.Context, full string, want Expect) func(dir string) (image.Manifest, image.Stats, error) {
+	compat := s.compat
+	compat.Runtime = want.Runtime
+	return func(dir string) (image.Manifest, image.Stats, error) {
+		// Ranged GETs in parallel: one stream from an object store runs
+		// well below what the node can take; small images use one GET.
+		m, ist, err := image.Read(ctx, s.store, s.keys, full, dir, compat, image.WithParallelDownload(4, 0))
+		if err != nil {
+			return m, ist, err
+		}
+		// The engine runs as root: nothing in dir may be a link or
+		// special file, whatever the archive code promises.
+		return m, ist, checkPlainFiles(dir)
+	}
+}
+
 // Expect is what the caller restores a snapshot as: it must have been
 // taken of this function version (Function "" accepts any) in this runtime.
 type Expect struct {
@@ -182,17 +216,7 @@ func (s *Service) Restore(ctx context.Context, id string, want Expect, spec Rest
 	}
 	compat := s.compat
 	compat.Runtime = want.Runtime
-	ci, ist, cached, err := s.cache.get(ctx, full, func(dir string) (image.Manifest, image.Stats, error) {
-		// Ranged GETs in parallel: one stream from an object store runs
-		// well below what the node can take; small images use one GET.
-		m, ist, err := image.Read(ctx, s.store, s.keys, full, dir, compat, image.WithParallelDownload(4, 0))
-		if err != nil {
-			return m, ist, err
-		}
-		// The engine runs as root: nothing in dir may be a link or
-		// special file, whatever the archive code promises.
-		return m, ist, checkPlainFiles(dir)
-	})
+	ci, ist, cached, err := s.cache.get(ctx, full, s.reader(ctx, full, want))
 	if err != nil {
 		return RestoreResult{Image: ist}, fmt.Errorf("restore %s: %w", short(full), err)
 	}

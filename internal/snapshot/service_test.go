@@ -186,3 +186,26 @@ func TestServiceCacheBudget(t *testing.T) {
 		}
 	}
 }
+
+func TestServicePrefetch(t *testing.T) {
+	ctx := testenv.Ctx(t)
+	svc, eng, _ := newService(t, 0)
+	res, err := svc.Checkpoint(ctx, snapshot.CheckpointSpec{Pid: 1}, snapshot.Meta{Function: "fn", Version: 1, Runtime: "py"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := snapshot.Expect{Function: "fn", Version: 1, Runtime: "py"}
+	if err := svc.Prefetch(ctx, res.ID, want); err != nil {
+		t.Fatal(err)
+	}
+	if len(eng.restored) != 0 {
+		t.Fatal("Prefetch ran the engine")
+	}
+	r, err := svc.Restore(ctx, res.ID, want, snapshot.RestoreSpec{})
+	if err != nil || !r.Cached {
+		t.Errorf("first restore after a prefetch: cached=%v err=%v, want cached", r.Cached, err)
+	}
+	if err := svc.Prefetch(ctx, "sha256:"+strings.Repeat("0", 64), want); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("prefetch of a missing snapshot: %v, want ErrNotFound", err)
+	}
+}

@@ -81,9 +81,31 @@ func (w *Worker) watchStartSnapshots(ctx context.Context) error {
 				delete(w.snap.start, key)
 			}
 			w.snap.mu.Unlock()
+			if e.Operation() == jetstream.KeyValuePut {
+				w.prefetch(ctx, string(e.Value()), fn, v)
+			}
 		}
 	}()
 	return nil
+}
+
+// prefetch fetches, verifies and unpacks a new start snapshot into the
+// image cache in the background, so that the first cold start of its
+// version does not wait for the download.
+func (w *Worker) prefetch(ctx context.Context, id, fn string, version int) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.Now()
+		err := w.snap.svc.Prefetch(ctx, id, snapshot.Expect{Function: fn, Version: version, Runtime: w.snap.runtime})
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("prefetch of start snapshot failed; its first restore will fetch it", "snapshot", id, "fn", fn, "version", version, "err", err)
+			}
+			return
+		}
+		w.log.Debug("start snapshot prefetched", "snapshot", id, "fn", fn, "version", version, "took", time.Since(t))
+	}()
 }
 
 func startKey(fn string, version int) string { return fn + "." + strconv.Itoa(version) }
