@@ -178,30 +178,8 @@ func (m *Manager) restoreRoot(spec Spec) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("restore root: %w", err)
 	}
-	for _, name := range systemDirs {
-		host := "/" + name
-		fi, err := os.Lstat(host)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink(host)
-			if err != nil {
-				return "", fmt.Errorf("restore root: %w", err)
-			}
-			if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
-				return "", fmt.Errorf("restore root: %w", err)
-			}
-		case fi.IsDir():
-			if err := os.Mkdir(filepath.Join(root, name), 0o755); err != nil {
-				return "", fmt.Errorf("restore root: %w", err)
-			}
-		}
-	}
-	for _, d := range []string{"proc", "dev", "tmp"} {
-		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
-			return "", fmt.Errorf("restore root: %w", err)
-		}
+	if _, err := makeMountPoints(root); err != nil {
+		return "", fmt.Errorf("restore root: %w", err)
 	}
 	for _, b := range spec.Binds {
 		p := filepath.Join(root, b.Target)

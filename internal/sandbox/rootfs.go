@@ -22,6 +22,44 @@ const oldRootDir = "/.oldroot"
 // as such.
 var systemDirs = []string{"usr", "etc", "lib", "lib64", "bin", "sbin"}
 
+// makeMountPoints creates in root what a sandbox root holds before any
+// mount: a directory for each host system directory (returned, as host
+// paths, for binding), the host's system symlinks (/bin → usr/bin on a
+// merged-/usr system), and directories for /proc, /dev, /tmp and extra.
+// The init builds the root tmpfs with it; a restore builds the directory
+// CRIU binds as the restored root.
+func makeMountPoints(root string, extra ...string) (binds []string, err error) {
+	for _, name := range systemDirs {
+		host := "/" + name
+		fi, err := os.Lstat(host)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return nil, err
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(host)
+			if err != nil {
+				return nil, err
+			}
+			if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
+				return nil, err
+			}
+		case fi.IsDir():
+			if err := unix.Mkdir(filepath.Join(root, name), 0o755); err != nil {
+				return nil, fmt.Errorf("mkdir %s: %w", host, err)
+			}
+			binds = append(binds, host)
+		}
+	}
+	for _, d := range append([]string{"proc", "dev", "tmp"}, extra...) {
+		if err := unix.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			return nil, fmt.Errorf("mkdir /%s: %w", d, err)
+		}
+	}
+	return binds, nil
+}
+
 // devNodes are the character devices of the sandbox's /dev (name, major,
 // minor), bound from the host's.
 var devNodes = []struct {
@@ -43,34 +81,9 @@ func buildRoot(cfg *initConfig) error {
 	if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m,nr_inodes=4096"); err != nil {
 		return step("mount root tmpfs", fmt.Errorf("%s: %w", root, err))
 	}
-	var binds []string
-	for _, name := range systemDirs {
-		host := "/" + name
-		fi, err := os.Lstat(host)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			continue
-		case err != nil:
-			return step("stat "+host, err)
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink(host)
-			if err != nil {
-				return step("readlink "+host, err)
-			}
-			if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
-				return step("symlink "+host, err)
-			}
-		case fi.IsDir():
-			if err := unix.Mkdir(filepath.Join(root, name), 0o755); err != nil {
-				return step("mkdir "+host, err)
-			}
-			binds = append(binds, host)
-		}
-	}
-	for _, d := range []string{"proc", "dev", "tmp", oldRootDir[1:]} {
-		if err := unix.Mkdir(filepath.Join(root, d), 0o755); err != nil {
-			return step("mkdir /"+d, err)
-		}
+	binds, err := makeMountPoints(root, oldRootDir[1:])
+	if err != nil {
+		return step("root mount points", err)
 	}
 
 	// Pivot first and bind from the old root afterwards, so that every

@@ -111,23 +111,6 @@ func (c *imageCache) release(ci *cachedImage) {
 	}
 }
 
-// drop forgets id (its snapshot was deleted or refused).
-func (c *imageCache) drop(id string) {
-	c.mu.Lock()
-	ci, ok := c.items[id]
-	var remove bool
-	if ok {
-		delete(c.items, id)
-		c.used -= ci.size
-		ci.dropped = true
-		remove = ci.refs == 0
-	}
-	c.mu.Unlock()
-	if remove {
-		os.RemoveAll(ci.dir)
-	}
-}
-
 // evictLocked drops unused images, least recently used first, until the
 // cache fits its budget (c.mu held; directories removed in the background
 // since nothing refers to them).

@@ -85,7 +85,6 @@ const LabelNoInetSockets = "torpor.no-inet-sockets"
 // CheckpointStats measures one checkpoint.
 type CheckpointStats struct {
 	Duration time.Duration // the whole dump, as the engine ran it
-	Frozen   time.Duration // how long the tree was stopped (engine's own figure, when it gives one)
 	Bytes    int64         // image bytes produced
 }
 

@@ -227,13 +227,10 @@ func (s *Service) Restore(ctx context.Context, id string, want Expect, spec Rest
 			short(full), m.Function, m.FunctionVersion, want.Function, want.Version, image.ErrIncompatible)
 	}
 	if cached {
-		// Verified when it was unpacked, perhaps for another runtime;
-		// and it must still exist (a deleted snapshot is not restored).
+		// Verified when it was unpacked, perhaps for another runtime.
+		// (That it still exists, Resolve checked: a deleted snapshot is
+		// not restored from the cache.)
 		if err := compat.Check(full, m); err != nil {
-			return RestoreResult{}, fmt.Errorf("restore %s: %w", short(full), err)
-		}
-		if _, err := image.Stat(ctx, s.store, full); err != nil {
-			s.cache.drop(full)
 			return RestoreResult{}, fmt.Errorf("restore %s: %w", short(full), err)
 		}
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/internal/snapshot"
-	"github.com/torpor-dev/torpor/internal/snapshot/image"
 )
 
 // ctlListen is where an agent listens for its next control connection
@@ -296,7 +295,3 @@ func (w *Worker) restore(ctx context.Context, ver function.Version, id string) (
 	w.metrics.instances.WithLabelValues("live").Inc()
 	return in, nil
 }
-
-// isRefused reports a snapshot that failed verification (corrupt,
-// truncated, badly signed, incompatible).
-func isRefused(err error) bool { return image.IsRefused(err) }

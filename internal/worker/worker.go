@@ -32,6 +32,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/registry"
 	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/internal/snapshot/image"
 	"github.com/torpor-dev/torpor/runtimes"
 )
 
@@ -336,7 +337,7 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Du
 			// start, never its result.
 			w.metrics.restoreFailures.Inc()
 			w.log.Warn("restore failed, starting cold instead", "fn", ver.Name, "version", ver.Version,
-				"snapshot", id, "refused", isRefused(err), "err", err)
+				"snapshot", id, "refused", image.IsRefused(err), "err", err)
 		}
 		in, err := w.spawn(ctx, ver)
 		if err != nil {

@@ -13,7 +13,7 @@
 //
 // The package knows nothing about compression, signing or where the stream
 // goes (package image does that); it must not import any torpor package but
-// errdefs.
+// errdefs and blob (for blob.ContextReader).
 //
 // # Format (version 1)
 //

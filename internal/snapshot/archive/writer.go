@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/torpor-dev/torpor/internal/blob"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 )
 
@@ -118,7 +119,7 @@ func (w *Writer) AddFile(ctx context.Context, name string, mode fs.FileMode, r i
 		return err
 	}
 	buf := make([]byte, 256<<10)
-	if _, err := io.CopyBuffer(f, ctxReader{ctx: ctx, r: r}, buf); err != nil {
+	if _, err := io.CopyBuffer(f, blob.ContextReader(ctx, r), buf); err != nil {
 		// The file stays open: Close refuses to finish a half-added file.
 		return fmt.Errorf("archive file %q: %w", name, err)
 	}
@@ -321,17 +322,4 @@ func (f *fileWriter) Close() error {
 	}
 	f.closed = true
 	return nil
-}
-
-// ctxReader stops reading once ctx is cancelled.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

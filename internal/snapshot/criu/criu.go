@@ -228,7 +228,6 @@ func (e *Engine) Checkpoint(ctx context.Context, spec snapshot.CheckpointSpec, s
 	if serr != nil {
 		return st, fmt.Errorf("checkpoint pid %d: %w", spec.Pid, serr)
 	}
-	st.Frozen = frozenTime(filepath.Join(dir, "stats-dump"))
 	return st, nil
 }
 
@@ -312,7 +311,3 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n  ")
 }
-
-// frozenTime reads how long CRIU kept the tree frozen from its stats
-// file, when CRIU wrote it outside the stream; zero otherwise.
-func frozenTime(string) time.Duration { return 0 }
