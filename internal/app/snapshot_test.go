@@ -290,13 +290,13 @@ func TestRefusedSnapshotStartsCold(t *testing.T) {
 	n := c.node(t, "w-a")
 	n.deploy(t, "counter", statefulCode, 128)
 	invokeStateful(t, n, "counter", `{"tmp":"x"}`)
-	// Snapshot and stop the only instance (not left running), as the start snapshot.
-	res, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "counter", Use: true})
+	// Snapshot and stop the only instance (not left running).
+	res, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "counter"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return n.w.HasStartSnapshot("counter", 1) })
-	// Flip one byte in the middle of the data object.
+	// Flip one byte in the middle of the data object — before the snapshot
+	// becomes the start snapshot, which workers prefetch (and verify).
 	sums, err := image.List(testenv.Ctx(t), c.store)
 	if err != nil || len(sums) != 1 {
 		t.Fatalf("List = %v, %v", sums, err)
@@ -310,6 +310,10 @@ func TestRefusedSnapshotStartsCold(t *testing.T) {
 	if err := os.WriteFile(data, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.bus.Snapshots.Put(testenv.Ctx(t), "counter.1", []byte(res.ID)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "start snapshot visible", func() bool { return n.w.HasStartSnapshot("counter", 1) })
 	s, r := invokeStateful(t, n, "counter", `{}`)
 	if r.Start != function.StartCold || s.N != 1 || s.Tmp != "" {
 		t.Errorf("with snapshot %s corrupt: start=%s state=%+v, want a cold start with fresh state", res.ID[:19], r.Start, s)
