@@ -31,23 +31,36 @@ private=("$libdir/ld-linux-x86-64.so.2" --library-path "$libdir" "$prefix/usr/sb
 ver_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 criu_version() { "$@" --version 2>/dev/null | awk '/^Version:/{print $2}'; }
 
-# works CRIU...: version >= min, `criu check` passes, and a process with a
-# listening TCP socket can be dumped.
-works() {
-	local v tmp pid ok=1
+# checks CRIU...: version >= min and `criu check` passes.
+checks() {
+	local v
 	v=$(criu_version "$@") || return 1
 	[ -n "$v" ] && ver_ge "$v" "$min" || return 1
-	"$@" check >/dev/null 2>&1 || return 1
+	"$@" check >/dev/null 2>&1
+}
+
+# dumps CRIU...: a process that holds a listening TCP socket can be dumped
+# (Debian 13's 4.1 fails this). The target is the real interpreter, not a
+# pyenv shim, and is dumped only once it listens. On failure it prints
+# CRIU's errors (less the harmless RLIMIT_NOFILE one) and the log's tail.
+dumps() {
+	local tmp pid py i ok=1
 	tmp=$(mktemp -d)
-	python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); time.sleep(60)' \
-		</dev/null >/dev/null 2>&1 &
+	py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) || py=python3
+	"$py" -c 'import socket,sys,time
+s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen()
+open(sys.argv[1],"w").close(); time.sleep(60)' "$tmp/ready" </dev/null >/dev/null 2>&1 &
 	pid=$!
-	sleep 0.3
-	if "$@" dump -t "$pid" -D "$tmp" --leave-running --shell-job --tcp-established \
-		--network-lock skip -o dump.log >/dev/null 2>&1; then
+	for i in $(seq 100); do [ -e "$tmp/ready" ] && break; sleep 0.05; done
+	mkdir "$tmp/img"
+	if "$@" dump -t "$pid" -D "$tmp/img" --leave-running --shell-job --tcp-established \
+		--network-lock skip -o dump.log >"$tmp/out" 2>&1; then
 		ok=0
 	else
-		log "criu $v cannot dump a socket here: $(grep -m1 Error "$tmp/dump.log" 2>/dev/null || true)"
+		log "criu $(criu_version "$@") cannot dump a process holding a TCP socket here:"
+		{ grep Error "$tmp/img/dump.log" | grep -v RLIMIT_NOFILE | head -n 5
+			echo "--- last lines of dump.log:"; tail -n 15 "$tmp/img/dump.log"; tail -n 5 "$tmp/out"; } 2>/dev/null |
+			sed 's/^/install-criu:   /' >&2
 	fi
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
@@ -55,8 +68,14 @@ works() {
 	return $ok
 }
 
-if [ -x "$prefix/usr/sbin/criu" ] && works "${private[@]}"; then
-	log "using $(criu_version "${private[@]}") from $prefix"
+works() { checks "$@" && dumps "$@"; }
+
+# The private criu is kept when it passes `criu check`; a failed socket dump
+# is reported (with CRIU's log) but does not undo the install: torpor's own
+# tests and `torpor doctor` then show exactly what does not work.
+if [ -x "$prefix/usr/sbin/criu" ] && checks "${private[@]}"; then
+	dumps "${private[@]}" || log "warning: keeping it anyway; snapshots of instances with TCP sockets may fail"
+	log "using criu $(criu_version "${private[@]}") from $prefix"
 	exit 0
 fi
 if command -v criu >/dev/null && works "$(command -v criu)"; then
@@ -111,5 +130,6 @@ rm -rf "$prefix.old"
 [ -e "$prefix" ] && mv "$prefix" "$prefix.old"
 mv "$new" "$prefix"
 rm -rf "$prefix.old"
-works "${private[@]}" || die "criu $(criu_version "${private[@]}") from $suite does not work on this kernel ($(uname -r)); see 'torpor doctor'"
+checks "${private[@]}" || die "criu $(criu_version "${private[@]}") from $suite fails 'criu check' on this kernel ($(uname -r)); see 'torpor doctor'"
+dumps "${private[@]}" || log "warning: keeping it anyway; snapshots of instances with TCP sockets may fail"
 log "installed criu $(criu_version "${private[@]}") into $prefix"
