@@ -158,3 +158,67 @@ type SnapshotList struct {
 type SnapshotGC struct {
 	Removed []string `json:"removed"`
 }
+
+// WorkerList is the reply of GET /v1/workers: every worker that reported
+// in the last few seconds, with what it keeps warm.
+type WorkerList struct {
+	Workers []WorkerSummary `json:"workers"`
+}
+
+// WorkerSummary is what a worker publishes about itself every second (and
+// whenever what it holds changes); the gateway places calls with it.
+type WorkerSummary struct {
+	ID             string    `json:"id"`
+	UpdatedAt      string    `json:"updated_at"` // RFC 3339
+	MemoryBudgetMB int       `json:"memory_budget_mb"`
+	ReservedMB     int       `json:"reserved_mb"` // memory limits of live instances
+	Running        int       `json:"running"`     // calls in flight
+	Holdings       []Holding `json:"holdings,omitempty"`
+}
+
+// Holding is what one worker keeps of one function version: idle (hot)
+// instances and a function template to fork new ones from.
+type Holding struct {
+	Function string `json:"function"`
+	Version  int    `json:"version"`
+	Idle     int    `json:"idle"`
+	Template bool   `json:"template"`
+}
+
+// WorkerInfo is the reply of GET /v1/workers/{id}: the worker's summary
+// and the memory of each process it keeps, measured from /proc (smaps).
+type WorkerInfo struct {
+	WorkerSummary
+	// Host memory as the reclaimer sees it, and its watermarks.
+	MemAvailableMB  int           `json:"mem_available_mb"`
+	LowWatermarkMB  int           `json:"low_watermark_mb"`  // reclaim when available memory falls below
+	HighWatermarkMB int           `json:"high_watermark_mb"` // ... until it is back above
+	Templates       []ProcessInfo `json:"templates"`         // runtime and function templates
+	Instances       []ProcessInfo `json:"instances"`         // live instances, idle and busy
+}
+
+// ProcessInfo is one template or instance process and its memory.
+type ProcessInfo struct {
+	Kind     string `json:"kind"` // runtime-template | function-template | instance
+	Function string `json:"function,omitempty"`
+	Version  int    `json:"version,omitempty"`
+	Runtime  string `json:"runtime,omitempty"`
+	ID       string `json:"id"`
+	Pid      int    `json:"pid"`             // host pid
+	State    string `json:"state,omitempty"` // instances: idle | busy
+	Start    string `json:"start,omitempty"` // instances: how it started (warm, cold, restore)
+	// From /proc/PID/smaps_rollup, in bytes: resident, proportional
+	// (shared pages divided among their users) and unique (private) set.
+	RSS      int64  `json:"rss"`
+	PSS      int64  `json:"pss"`
+	USS      int64  `json:"uss"`
+	LastUsed string `json:"last_used,omitempty"`
+}
+
+// DropResult is the reply of DELETE /v1/functions/{name}/instances: what
+// the workers stopped of the function.
+type DropResult struct {
+	Instances int `json:"instances"` // idle instances stopped
+	Templates int `json:"templates"` // function templates stopped (0 with keep_templates)
+	Workers   int `json:"workers"`   // workers that answered
+}

@@ -118,6 +118,7 @@ type Worker struct {
 	slots      map[string]*fnSlots
 	liveMB     int           // memory limits of live instances, reserved against MemoryBudgetMB
 	capChanged chan struct{} // closed and replaced whenever liveMB drops
+	changed    chan struct{} // closed and replaced whenever idle instances or templates change (Changed)
 
 	records     chan function.Call
 	recordsDone chan struct{} // closed when recordWriter has flushed and stopped
@@ -145,7 +146,7 @@ func New(ctx context.Context, cfg Config, b *bus.Bus, reg *registry.Registry, ca
 	}
 	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, store: calls, sandboxes: sb, metrics: m,
 		idle: map[string][]*instance{}, slots: map[string]*fnSlots{}, records: make(chan function.Call, 4096),
-		capChanged: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
+		capChanged: make(chan struct{}), changed: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
 		extractZip: codezip.Extract}
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
