@@ -44,6 +44,7 @@ type Client struct {
 	deadline time.Time // deadline currently set on conn
 	stale    bool      // conn deadline may differ from deadline
 	broken   error     // first fatal error
+	oob      []byte    // control message (SCM_RIGHTS) for the next request
 
 	imu         sync.Mutex // orders interrupt against the end of an exchange
 	active      bool       // an exchange is running; guarded by imu
@@ -87,7 +88,7 @@ func (c *Client) Handshake(ctx context.Context) (Hello, error) {
 	if h.Type != TypeHello {
 		return Hello{}, c.violation("handshake", "", "agent's first frame is %q, want %q", h.Type, TypeHello)
 	}
-	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid}
+	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid, Role: h.Role, WarmMS: h.WarmMS, InheritedSockets: h.InheritedSockets}
 	if h.V != Version {
 		c.broken = fmt.Errorf("handshake: %w: agent %s (pid %d) speaks v%d, this worker speaks v%d; deploy the agent from the same torpor build",
 			ErrVersionMismatch, h.Runtime, h.Pid, h.V, Version)
@@ -264,7 +265,13 @@ func (c *Client) exchange(ctx context.Context, op, id string, req *Header, body 
 		if err := encodeFrame(&c.wbuf, c.enc, &c.out, body); err != nil {
 			return nil, nil, wrapOp(op, id, err) // nothing was written: still usable
 		}
-		_, err := c.conn.Write(c.wbuf.Bytes())
+		var err error
+		if len(c.oob) > 0 { // descriptors ride on the frame's first byte
+			_, _, err = c.conn.(*net.UnixConn).WriteMsgUnix(c.wbuf.Bytes(), c.oob, nil)
+			c.oob = nil
+		} else {
+			_, err = c.conn.Write(c.wbuf.Bytes())
+		}
 		if c.wbuf.Cap() > 1<<20 {
 			c.wbuf = bytes.Buffer{} // don't pin a multi-MB event between calls
 		}

@@ -49,9 +49,11 @@ const (
 	TypePing      = "ping"       // worker → agent
 	TypePong      = "pong"       // agent → worker
 
-	// Reserved for later versions; v1 agents answer them with an error of
-	// type ErrorTypeNotSupported.
-	TypeFork = "fork"
+	// Templates (see docs/agent-protocol.md): each request carries
+	// descriptors (SCM_RIGHTS) and is answered with forked.
+	TypeForkTemplate = "fork-template" // worker → runtime template; fds: socket, status pipe
+	TypeFork         = "fork"          // worker → function template; fd: socket
+	TypeForked       = "forked"        // template → worker: the child's pid in the template's PID namespace
 
 	// Checkpoints (see docs/agent-protocol.md).
 	TypePrepareCheckpoint = "prepare-checkpoint" // worker → agent
@@ -87,6 +89,16 @@ type Header struct {
 	V       int    `json:"v,omitempty"`       // protocol major version the agent speaks
 	Runtime string `json:"runtime,omitempty"` // e.g. "python3.11.7"
 	Pid     int    `json:"pid,omitempty"`
+	// Role is "runtime-template", "function-template" or (forked instances)
+	// "instance"; empty for an instance the worker started itself.
+	Role   string  `json:"role,omitempty"`
+	WarmMS float64 `json:"warm_ms,omitempty"` // runtime template: its warm-up time
+	// InheritedSockets counts the sockets, other than this one, that a
+	// forked instance found open: one or more retires its template.
+	InheritedSockets int `json:"inherited_sockets,omitempty"`
+
+	// fork-template: the function template's sandbox, as JSON
+	Config json.RawMessage `json:"config,omitempty"`
 
 	// init
 	Function  string `json:"function,omitempty"`

@@ -23,6 +23,14 @@ type Hello struct {
 	Version int    // protocol major version
 	Runtime string // language runtime and version, e.g. "python3.11.7"
 	Pid     int    // the agent's process id in its own pid namespace
+	Role    string // templates and forked instances: see Header.Role
+	// WarmMS is a runtime template's warm-up time; InheritedSockets what a
+	// forked instance found open besides its socket (see Header).
+	WarmMS           float64
+	InheritedSockets int
+	// HostPid is the agent's pid in the worker's PID namespace, from the
+	// kernel's credentials on the hello (HandshakeForked only).
+	HostPid int
 }
 
 // InitParams tell an agent which code to load and the Lambda-style identity

@@ -37,6 +37,7 @@ type initConfig struct {
 	NProc       int
 	NoFile      int
 	OwnNetwork  bool // in a new network namespace: bring its loopback up
+	Privileged  bool // a runtime template: stay root, keep capabilities, no seccomp (Spec.Template)
 }
 
 // initFailure is what the init writes to its status pipe when it fails.
@@ -143,7 +144,11 @@ func runInit(statusFD *int) error {
 		return step("setrlimit", err)
 	}
 	unix.Umask(0o022)
-	if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
+	if cfg.Privileged {
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+			return step("pdeathsig", err)
+		}
+	} else if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
 		return err
 	}
 	if err := unix.Chdir(cfg.Dir); err != nil {
@@ -158,8 +163,10 @@ func runInit(statusFD *int) error {
 	// Last before exec (it needs no_new_privs, set by dropPrivileges), so
 	// that the filter constrains only the program, never the init's own
 	// mounts. See installSeccomp for why this thread alone is enough.
-	if err := installSeccomp(); err != nil {
-		return step("seccomp", err)
+	if !cfg.Privileged {
+		if err := installSeccomp(); err != nil {
+			return step("seccomp", err)
+		}
 	}
 	err = syscall.Exec(cfg.Argv[0], cfg.Argv, cfg.Env)
 	return step("exec", fmt.Errorf("%s: %w", cfg.Argv[0], err))

@@ -249,6 +249,7 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		NProc:       spec.Limits.NProc,
 		NoFile:      spec.Limits.NoFile,
 		OwnNetwork:  !spec.HostNetwork,
+		Privileged:  spec.Template != nil,
 	})
 	if err != nil {
 		cleanup()
@@ -278,8 +279,8 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: cloneFlags(spec.HostNetwork),
 			// A user namespace owned by the worker (see userMappings).
-			UidMappings:                userMappings(spec.UID),
-			GidMappings:                userMappings(spec.GID),
+			UidMappings:                userMappings(spec.UID, spec.Template),
+			GidMappings:                userMappings(spec.GID, spec.Template),
 			GidMappingsEnableSetgroups: true,
 			// Its own session: no controlling terminal of the worker, and
 			// CRIU can only dump a tree whose session leader is inside it.
@@ -343,10 +344,10 @@ func (m *Manager) start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		id:   spec.ID,
 		m:    m,
 		proc: cmd.Process,
-		waitProc: func() (*os.ProcessState, error) {
+		waitProc: waitStatus(func() (*os.ProcessState, error) {
 			err := cmd.Wait()
 			return cmd.ProcessState, err
-		},
+		}),
 		cg:   cg,
 		done: make(chan struct{}),
 	}
@@ -446,7 +447,14 @@ func (e *InitError) isSpecProblem() bool {
 // the namespace only through the same kind of kernel bug that would give
 // it host root without one — and capabilities in the namespace are
 // narrower than host root's (no modules, no host network, no devices).
-func userMappings(id int) []syscall.SysProcIDMap {
+//
+// A runtime template's namespace maps a whole range of ids instead: those
+// its function templates switch to (see Spec.Template).
+func userMappings(id int, t *TemplateSpec) []syscall.SysProcIDMap {
+	if t != nil {
+		return []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1},
+			{ContainerID: t.IDs.First, HostID: t.IDs.First, Size: t.IDs.Count}}
+	}
 	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: id, HostID: id, Size: 1}}
 }
 

@@ -152,7 +152,7 @@ func (m *Manager) restore(ctx context.Context, spec Spec, restore func(context.C
 		id:       spec.ID,
 		m:        m,
 		proc:     proc,
-		waitProc: proc.Wait,
+		waitProc: waitStatus(proc.Wait),
 		cg:       cg,
 		rootDir:  root,
 		done:     make(chan struct{}),

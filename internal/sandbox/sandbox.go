@@ -21,8 +21,9 @@ type Sandbox struct {
 	proc *os.Process
 	// waitProc reaps proc: exec.Cmd.Wait for a sandbox the Manager
 	// started (it also closes what exec opened), Process.Wait for one
-	// restored from a snapshot.
-	waitProc func() (*os.ProcessState, error)
+	// restored from a snapshot, the status its template reports for an
+	// adopted one.
+	waitProc func() (syscall.WaitStatus, error)
 	cg       *instanceCgroup
 	// rootDir, for a restored sandbox, is the host directory its root is
 	// bound from; removed with the sandbox.
@@ -57,15 +58,15 @@ func (s *Sandbox) ExitStatus() ExitStatus {
 
 // wait reaps the init and records its exit status.
 func (s *Sandbox) wait() {
-	ps, err := s.waitProc()
+	ws, err := s.waitProc()
 	st := ExitStatus{Code: -1}
-	if ps == nil {
+	switch {
+	case err != nil:
 		s.m.log.Warn("cannot wait for sandbox", "instance", s.id, "err", err)
-	} else {
-		st.Code = ps.ExitCode()
-		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			st.Signal = ws.Signal()
-		}
+	case ws.Signaled():
+		st.Signal = ws.Signal()
+	default:
+		st.Code = ws.ExitStatus()
 	}
 	n, err := s.cg.oomKills()
 	if err != nil {
@@ -75,6 +76,21 @@ func (s *Sandbox) wait() {
 	s.status = st
 	close(s.done)
 	s.m.log.Debug("sandbox exited", "instance", s.id, "code", st.Code, "signal", st.Signal, "oom_killed", st.OOMKilled)
+}
+
+// waitStatus adapts an os.ProcessState-returning wait to waitProc.
+func waitStatus(wait func() (*os.ProcessState, error)) func() (syscall.WaitStatus, error) {
+	return func() (syscall.WaitStatus, error) {
+		ps, err := wait()
+		if ps == nil {
+			return 0, err
+		}
+		ws, ok := ps.Sys().(syscall.WaitStatus)
+		if !ok {
+			return 0, fmt.Errorf("no wait status in %v", ps)
+		}
+		return ws, nil
+	}
 }
 
 // Kill sends SIGKILL to the init; as pid 1 of the PID namespace its death

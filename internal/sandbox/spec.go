@@ -86,7 +86,23 @@ type Spec struct {
 	// reach the gateway, NATS or any other instance's sockets, on loopback
 	// or otherwise.
 	HostNetwork bool
+	// Template, set only for a runtime template (a trusted fork server that
+	// builds function sandboxes from inside, see internal/template), keeps
+	// the program root with every capability inside the sandbox's user
+	// namespace — no uid change, no seccomp filter — and maps the ids of
+	// Template.IDs on top of root, for the function templates it forks to
+	// switch to. Never set it for a program that runs tenant code. UID and
+	// GID are ignored.
+	Template *TemplateSpec
 }
+
+// TemplateSpec is what a runtime template's sandbox adds (Spec.Template).
+type TemplateSpec struct {
+	IDs IDRange // uids and gids (the same numbers) its function templates may take
+}
+
+// IDRange is the ids First .. First+Count-1.
+type IDRange struct{ First, Count int }
 
 // ExitStatus is how an instance's init (pid 1 in its PID namespace) ended.
 type ExitStatus struct {
@@ -110,7 +126,12 @@ func (s *Spec) normalize() error {
 	if !validID(s.ID) {
 		return bad("id must be 1-64 characters from [a-z0-9-], starting with a letter or digit")
 	}
-	if s.UID <= 0 || s.GID <= 0 {
+	if t := s.Template; t != nil {
+		if t.IDs.First <= 0 || t.IDs.Count <= 0 || t.IDs.First+t.IDs.Count > 1<<31 {
+			return bad("template id range %+v: want First > 0, Count > 0", t.IDs)
+		}
+		s.UID, s.GID = 0, 0
+	} else if s.UID <= 0 || s.GID <= 0 {
 		return bad("uid %d / gid %d: both must be non-root (> 0)", s.UID, s.GID)
 	}
 	if s.Hostname == "" {

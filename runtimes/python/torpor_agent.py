@@ -38,7 +38,7 @@ MAX_TRACE_LINES = 100
 
 # Message types the protocol reserves for later versions; this agent answers
 # them with Protocol.NotSupported.
-RESERVED = ("fork",)
+RESERVED = ()
 
 _fd = -1  # the protocol socket
 _diag = 2  # fd for the agent's own diagnostics (the process's original stderr)
@@ -55,6 +55,11 @@ _ctl_gen = 0  # bumped whenever the control socket is replaced (checkpoints)
 _swap_lock = None  # held while the control socket is being replaced
 _wake_r = _wake_w = -1  # a pipe that wakes the log thread when the socket is replaced
 _checkpoint_wall = 0.0  # wall clock when the last checkpoint was prepared
+_role = "instance"  # or "runtime-template", "function-template" (see the templates section)
+_template_fork = False  # set around os.fork() calls of a template: its children are not plain forks
+_status_fd = -1  # templates: where exits of their children are reported
+_pump_stop = False  # asks the log thread to return (a function template before it forks)
+_pump_done = None  # lock the log thread holds while it runs
 _loads = None
 _dumps = None
 _qstr = None
@@ -181,6 +186,8 @@ def _pump():
         # block forever: better to die and let the worker see it.
         _diag_print("log pump failed, exiting: %r" % (e,))
         os._exit(2)
+    finally:
+        _pump_done.release()  # acquired for it by _start_pump
 
 
 def _pump_loop():
@@ -207,6 +214,8 @@ def _pump_loop():
             if fd == _wake_r or fd == watched:
                 if fd == _wake_r:
                     os.read(_wake_r, 64)
+                    if _pump_stop:
+                        return
                 with _swap_lock:  # a checkpoint may be replacing the socket
                     pass
                 if gen == _ctl_gen:
@@ -695,13 +704,7 @@ def _on_after_restore(h):
     if h.get("restored"):
         # A restored snapshot may run many times: a generator seeded before
         # the checkpoint would repeat the same "random" numbers in each.
-        for name in ("random",):
-            m = sys.modules.get(name)
-            if m is not None:
-                try:
-                    m.seed()
-                except Exception:
-                    pass
+        _reseed()
     _send({"type": "resumed", "id": cid, "clock_jump_ms": jump_ms, "pid": os.getpid()})
 
 
@@ -727,6 +730,8 @@ def _dispatch(h, body):
 
 def _after_fork_in_child():
     global _in_child
+    if _template_fork:
+        return  # a template's own fork: the child sets itself up
     _in_child = True
     try:
         os.close(_fd)  # a fork must never speak on the worker's socket
@@ -746,22 +751,10 @@ def _reap():
             return
 
 
-def main():
-    global _fd, _wlock, _plock, _swap_lock, _wake_r, _wake_w, _time, _perf
-    import _thread
-    import time as _time
-
-    _perf = _time.perf_counter
-    _fd = int(os.environ.pop("TORPOR_AGENT_FD", "3"))
-    sys.argv[:] = [AGENT_FILE]  # not the bootstrap's -c arguments
-    os.set_inheritable(_fd, False)  # exec'd children must not keep the worker's socket open
-    _wlock = _thread.allocate_lock()
-    _plock = _thread.allocate_lock()
-    _swap_lock = _thread.allocate_lock()
-    _capture_std()
-    _wake_r, _wake_w = os.pipe()
-    hello = '{"type":"hello","v":%d,"runtime":"python%d.%d.%d","pid":%d}' % (
-        (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (os.getpid(),)
+def _hello(extra=""):
+    """Send hello: raw bytes, before the JSON helpers exist."""
+    hello = '{"type":"hello","v":%d,"runtime":"python%d.%d.%d","pid":%d%s}' % (
+        (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (os.getpid(), extra)
     )
     hello = hello.encode()
     try:
@@ -769,14 +762,48 @@ def main():
     except OSError as e:
         _diag_print("cannot send hello on fd %d: %s" % (_fd, e))
         os._exit(2)
+
+
+def _start_pump():
+    global _wake_r, _wake_w, _pump_stop
+    import _thread
+
+    _pump_stop = False
+    _wake_r, _wake_w = os.pipe()
+    _setup_drain_poll()
+    _pump_done.acquire()
+    _thread.start_new_thread(_pump, ())
+
+
+def main():
+    global _fd, _wlock, _plock, _swap_lock, _pump_done, _time, _perf, _role
+    import _thread
+    import time as _time
+
+    _perf = _time.perf_counter
+    _fd = int(os.environ.pop("TORPOR_AGENT_FD", "3"))
+    _role = os.environ.pop("TORPOR_ROLE", "") or "instance"
+    sys.argv[:] = [AGENT_FILE]  # not the bootstrap's -c arguments
+    os.set_inheritable(_fd, False)  # exec'd children must not keep the worker's socket open
+    _wlock = _thread.allocate_lock()
+    _plock = _thread.allocate_lock()
+    _swap_lock = _thread.allocate_lock()
+    _pump_done = _thread.allocate_lock()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if _role == "runtime-template":
+        _runtime_template_main()  # never returns
+    _capture_std()
+    _hello()
     # Everything below overlaps with the worker preparing init.
     _setup_json()
-    _setup_drain_poll()
-    _thread.start_new_thread(_pump, ())
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _start_pump()
     # As pid 1 of its sandbox the agent inherits every orphaned process;
     # unreaped, their zombies would use up the instance's pids limit.
-    reaper = os.getpid() == 1
+    _serve(os.getpid() == 1)
+
+
+def _serve(reaper):
+    """Answer the worker's requests until it hangs up."""
     while True:
         try:
             h, body = _read_frame()
@@ -796,8 +823,482 @@ def main():
             _diag_print("internal error handling %r: %r" % (h.get("type"), e))
             f = _Fault("Runtime.AgentError", "torpor agent internal error: %s" % _exc_message(e))
             _send({"type": "error", "id": h.get("id") or "", "error": f.as_dict()})
+        if _role == "function-template" and _handler is not None:
+            _function_template_main()  # code loaded: from now on only forks; never returns
         if reaper:
             _reap()
+
+
+# ---------------------------------------------------------------- templates
+#
+# SEUSS's snapshot stack as a fork lineage (docs/templates.md):
+#
+#   runtime template   one per worker and runtime: this interpreter with the
+#                      agent loaded and warmed, parked as a fork server. It
+#                      runs as root in a sandbox of its own and never runs
+#                      tenant code.
+#   function template  forked from it on "fork-template": enters the
+#                      function's sandbox (mount, PID, IPC, UTS and network
+#                      namespaces, uid, seccomp) *before* its code is
+#                      imported, imports it on "init", then only forks.
+#   instance           forked from the function template on "fork": gets its
+#                      own socket, reseeds its RNGs, checks it inherited no
+#                      socket, and serves calls like any instance.
+#
+# Both kinds of template receive descriptors with their requests
+# (SCM_RIGHTS) and report each child's exit on a status pipe the worker
+# reads: "PID STATUS\n", PID in the template's PID namespace, STATUS the raw
+# wait status.
+
+_sock = None  # a socket object on _fd, for recvmsg (templates only)
+_libc = None
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SYS_SECCOMP = 317
+_SYS_MOUNT_SETATTR = 442
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
+_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000)
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(ret, what):
+    if ret != 0:
+        import ctypes
+
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def _mount(src, target, fstype, flags, data=None):
+    enc = lambda v: None if v is None else v.encode()
+    _check(_c().mount(enc(src), enc(target), enc(fstype), flags, enc(data)), "mount %s on %s" % (src or fstype, target))
+
+
+def _mount_setattr(path, attr):
+    import ctypes
+
+    buf = (ctypes.c_uint64 * 4)(attr, 0, 0, 0)  # struct mount_attr: set, clr, propagation, userns_fd
+    _check(_c().syscall(_SYS_MOUNT_SETATTR, -100, path.encode(), 0, ctypes.byref(buf), 32), "mount_setattr " + path)
+
+
+def _recv_frame_fds():
+    """Read one frame and the descriptors sent with it (SCM_RIGHTS)."""
+    global _sock
+    import socket
+
+    if _sock is None:
+        _sock = socket.socket(fileno=os.dup(_fd))
+    fds = []
+    buf = b""
+    # The descriptors ride on the frame's first byte: read the prefix with
+    # recvmsg, the rest as usual (nothing is ever pipelined to a template).
+    while len(buf) < 8:
+        data, anc, _, _ = _sock.recvmsg(8 - len(buf), socket.CMSG_SPACE(16), socket.MSG_CMSG_CLOEXEC)
+        if not data:
+            raise EOFError
+        buf += data
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                n = len(cdata) - len(cdata) % 4
+                fds.extend(int.from_bytes(cdata[i:i + 4], sys.byteorder) for i in range(0, n, 4))
+    global _rbuf
+    _rbuf = buf
+    h, body = _read_frame()
+    return h, body, fds
+
+
+def _report_exits(signum=None, frame=None):
+    """SIGCHLD: reap every exited child and report it on the status pipe."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        try:
+            os.write(_status_fd, b"%d %d\n" % (pid, status))
+        except OSError:
+            pass
+
+
+def _template_loop(handlers):
+    """Serve a template's requests: handlers maps a type to f(h, fds) -> reply."""
+    while True:
+        try:
+            h, _, fds = _recv_frame_fds()
+        except (EOFError, ConnectionResetError):
+            os._exit(0)
+        except (_ProtocolError, OSError) as e:
+            _diag_print("%s: reading the worker socket: %s" % (_role, e))
+            os._exit(2)
+        t = h["type"]
+        cid = h.get("id") or ""
+        try:
+            if t == "ping":
+                reply = {"type": "pong"}
+            elif t in handlers:
+                reply = handlers[t](h, fds)
+            else:
+                raise _Fault("Protocol.UnknownMessage", "%s does not take %r messages" % (_role, t))
+        except _Fault as f:
+            reply = {"type": "error", "error": f.as_dict()}
+        except Exception as e:
+            reply = {"type": "error", "error": _Fault("Runtime.AgentError", "%s: %s" % (t, _exc_message(e))).as_dict()}
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        reply["id"] = cid
+        _send(reply)
+
+
+def _warm_up():
+    """SEUSS's anticipatory optimisation: push a dummy function through the
+    whole path once (import, compile, invoke, error, reply), so that every
+    function template and instance forked later starts with those modules
+    imported and those code paths' caches filled."""
+    global _fd, _cfg, _handler
+    import socket
+
+    d = "/tmp/.torpor-warmup"
+    os.makedirs(d, exist_ok=True)
+    with open(d + "/torpor_warmup.py", "w") as f:
+        f.write("import json\n\ndef handler(event, context):\n    if event.get('fail'):\n"
+                "        raise ValueError('warm-up')\n    return {'ok': True, 'n': len(json.dumps(event))}\n")
+    sys.path.insert(0, d)
+    a, b = socket.socketpair()
+    saved = _fd
+    try:
+        _fd = a.fileno()
+        cfg = _cfg = _Config()
+        cfg.function, cfg.version, cfg.memory, cfg.timeout_ms = "warm-up", "1", "128", 3000
+        cfg.arn = cfg.log_group = cfg.log_stream = ""
+        _handler = _load_handler("torpor_warmup.handler")
+        for body in (b'{"x": [1, 2.5, "\u00e9"]}', b'{"fail": true}'):
+            _on_invoke({"type": "invoke", "id": "warm-up"}, body)
+            n = 0
+            while n < 8:  # read the reply's frame off the other end
+                prefix = b.recv(8, socket.MSG_PEEK)
+                n = len(prefix)
+            size = 8 + int.from_bytes(prefix[:4], "big") + int.from_bytes(prefix[4:8], "big")
+            while size > 0:
+                size -= len(b.recv(size))
+    finally:
+        _fd = saved
+        _cfg = _handler = None
+        a.close()
+        b.close()
+        sys.path.remove(d)
+        sys.modules.pop("torpor_warmup", None)
+        for name in os.listdir(d):
+            if name != "__pycache__":
+                os.unlink(os.path.join(d, name))
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what exists now is shared with every fork: keep the GC off its pages
+
+
+def _runtime_template_main():
+    """The runtime template: warm up, then fork function templates."""
+    global _status_fd
+    import signal
+
+    t0 = _perf()
+    _status_fd = int(os.environ.pop("TORPOR_STATUS_FD", "4"))
+    os.set_inheritable(_status_fd, False)
+    _setup_json()
+    _warm_up()
+    signal.signal(signal.SIGCHLD, _report_exits)
+    _hello(',"role":"runtime-template","warm_ms":%.3f' % ((_perf() - t0) * 1000.0))
+    _template_loop({"fork-template": _on_fork_template})
+
+
+def _on_fork_template(h, fds):
+    """Fork a function template into a new sandbox (fds: its socket, its
+    status pipe). Returns the reply: its pid in this template's namespace."""
+    global _template_fork
+    cfg = h.get("config")
+    if type(cfg) is not dict or len(fds) != 2:
+        raise _Fault("Protocol.InvalidMessage", "fork-template needs \"config\" and two descriptors (socket, status pipe)")
+    r, w = os.pipe()
+    _template_fork = True
+    try:
+        pid = os.fork()
+    finally:
+        _template_fork = False
+    if pid == 0:  # the intermediate child: new namespaces, then fork pid 1 of them
+        try:
+            os.close(r)
+            flags = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID
+            if cfg.get("own_network", True):
+                flags |= _CLONE_NEWNET
+            _check(_c().unshare(flags), "unshare")
+            _template_fork = True
+            child = os.fork()
+            if child == 0:
+                os.close(w)
+                _become_function_template(cfg, fds)  # never returns
+            os.write(w, b"%d" % child)
+            os._exit(0)
+        except BaseException as e:
+            try:
+                os.write(w, ("E%s" % (e,)).encode("utf-8", "replace"))
+            finally:
+                os._exit(1)
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    if not out or out[:1] == b"E":
+        raise _Fault("Sandbox.SetupError", "cannot create the function template's namespaces: %s" % out[1:].decode("utf-8", "replace"))
+    return {"type": "forked", "pid": int(out)}
+
+
+def _become_function_template(cfg, fds):
+    """In the new namespaces, as pid 1: build the function's sandbox, drop
+    every privilege and serve as the function template. On failure it
+    reports on the new socket and exits."""
+    global _fd, _status_fd, _role, _rbuf, _sock, _template_fork, _in_child
+    import signal
+
+    _template_fork = _in_child = False
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _fd, _status_fd = fds
+    _rbuf, _sock, _role = b"", None, "function-template"
+    try:
+        _enter_sandbox(cfg)
+    except BaseException as e:
+        f = _Fault("Sandbox.SetupError", "function template sandbox: %s" % (e,))
+        try:
+            _send({"type": "init-error", "error": f.as_dict()})
+        finally:
+            os._exit(126)
+    _capture_std()
+    _hello(',"role":"function-template"')
+    _start_pump()
+    _serve(False)
+
+
+def _enter_sandbox(cfg):
+    """Build the function's sandbox around this process (root in the runtime
+    template's user namespace, pid 1 of a new PID namespace) and drop to its
+    uid: the same steps as the Go sandbox init (internal/sandbox/init.go)."""
+    import resource
+
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=%dm" % int(cfg["tmp_mb"]))
+    os.mkdir("/tmp/.shm", 0o1777)
+    os.chmod("/tmp/.shm", 0o1777)
+    code = cfg["code"]
+    if "/" in code or code in ("", ".", ".."):
+        raise ValueError("bad code directory %r" % code)
+    # The runtime template sees every function's code under /var/task;
+    # this function sees only its own there, read-only.
+    _mount("/var/task/" + code, "/var/task", None, _MS_BIND | _MS_REC)
+    _mount_setattr("/var/task", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
+    if cfg.get("own_network", True):
+        _loopback_up()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    nofile = int(cfg.get("nofile") or 1024)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    if cfg.get("nproc"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(cfg["nproc"]),) * 2)
+    os.environ.clear()
+    for kv in cfg.get("env") or ():
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    os.environ.pop("TORPOR_AGENT_FD", None)
+    # Close whatever the runtime template had open: only stdio, the socket
+    # and the status pipe cross into the sandbox.
+    keep = {0, 1, 2, _fd, _status_fd}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.chdir("/var/task")
+    _drop_privileges(int(cfg["uid"]), int(cfg["gid"]))
+    prog = bytes.fromhex(cfg["seccomp"])
+    _install_seccomp(prog)
+
+
+def _loopback_up():
+    import fcntl
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = bytearray(b"lo".ljust(40, b"\0"))
+        fcntl.ioctl(s.fileno(), 0x8913, ifr)  # SIOCGIFFLAGS
+        flags = int.from_bytes(ifr[16:18], sys.byteorder) | 1  # IFF_UP
+        ifr[16:18] = flags.to_bytes(2, sys.byteorder)
+        fcntl.ioctl(s.fileno(), 0x8914, ifr)  # SIOCSIFFLAGS
+    finally:
+        s.close()
+
+
+def _drop_privileges(uid, gid):
+    libc = _c()
+    c = 0
+    while libc.prctl(_PR_CAPBSET_DROP, c, 0, 0, 0) == 0:
+        c += 1
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("still running as uid %d" % os.geteuid())
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _install_seccomp(prog):
+    import ctypes
+
+    if not prog or len(prog) % 8:
+        raise ValueError("seccomp program is %d bytes, not a multiple of 8" % len(prog))
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fp = _Fprog(len(prog) // 8, ctypes.addressof(buf))
+    # TSYNC: every thread of the process, not just this one.
+    _check(_c().syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fp)), "seccomp")
+
+
+def _null_stdio():
+    """Point fd 1 and 2 at /dev/null (away from capture pipes nobody reads)."""
+    _flush_std()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _open_sockets():
+    """Descriptors of this process that are sockets, other than the control socket."""
+    import stat
+
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd == _fd:
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def _function_template_main():
+    """The function's code is loaded: stop the log thread and fork instances."""
+    global _pump_stop, _status_fd
+    import signal
+
+    _pump_stop = True
+    os.write(_wake_w, b"x")
+    with _pump_done:  # the log thread has returned: no other thread of ours runs
+        pass
+    _drain()
+    _null_stdio()  # nobody reads the capture pipes any more
+    signal.signal(signal.SIGCHLD, _report_exits)
+    _template_loop({"fork": _on_fork})
+
+
+def _on_fork(h, fds):
+    """Fork an instance that talks on the socket sent with the request."""
+    global _template_fork
+    if len(fds) != 1:
+        raise _Fault("Protocol.InvalidMessage", "fork needs exactly one descriptor, the instance's socket")
+    _template_fork = True
+    try:
+        pid = os.fork()
+    finally:
+        _template_fork = False
+    if pid == 0:
+        _become_instance(fds[0])  # never returns
+    return {"type": "forked", "pid": pid}
+
+
+def _reseed():
+    """New random state for a process that shares its parent's memory: a
+    fork (or a restored snapshot) must not repeat its siblings' numbers."""
+    for name in ("random",):
+        m = sys.modules.get(name)
+        if m is not None:
+            try:
+                m.seed()
+            except Exception:
+                pass
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:
+            pass
+
+
+def _become_instance(sock_fd):
+    """In a fresh fork of the function template: take the new socket,
+    reseed, check no socket was inherited, capture output, say hello."""
+    global _fd, _rbuf, _sock, _role, _status_fd, _pipes, _diag, _template_fork, _in_child
+    import signal
+
+    _template_fork = _in_child = False
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    old = (_fd, _status_fd, _wake_r, _wake_w, _diag) + tuple(fd for fd, _ in _pipes)
+    _fd, _rbuf, _role = sock_fd, b"", "instance"
+    os.set_inheritable(_fd, False)
+    if _sock is not None:
+        try:
+            _sock.close()
+        except OSError:
+            pass
+        _sock = None
+    for fd in old:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _status_fd = -1
+    _pipes = ()
+    _pipe_names.clear()
+    _null_stdio()
+    _reseed()
+    _capture_std()
+    inherited = _open_sockets()
+    _hello(',"role":"instance","inherited_sockets":%d' % len(inherited))
+    if inherited:
+        os._exit(3)  # the worker reads the count and retires the template
+    _start_pump()
+    _serve(False)
 
 
 _time = None
