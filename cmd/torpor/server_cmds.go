@@ -64,6 +64,13 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		f.IntVar(&cfg.TmpMB, "tmp-mb", cfg.TmpMB, "size of each instance's /tmp in MB")
 		f.IntVar(&cfg.MemoryBudgetMB, "memory-budget", cfg.MemoryBudgetMB,
 			"MB of memory limits this worker's live instances may add up to (0 = 3/4 of the machine)")
+		f.BoolVar(&cfg.Templates, "templates", cfg.Templates,
+			"start instances by forking function templates (SEUSS); false: every instance starts on its own")
+		f.DurationVar(&cfg.TemplateTTL, "template-ttl", cfg.TemplateTTL, "stop a function template unused this long")
+		f.IntVar(&cfg.ReclaimLowMB, "reclaim-low-mb", cfg.ReclaimLowMB,
+			"below this much available host memory, stop idle instances and unused templates (0 = 5% of the machine)")
+		f.IntVar(&cfg.ReclaimHighMB, "reclaim-high-mb", cfg.ReclaimHighMB,
+			"... until this much is available again (0 = 10% of the machine)")
 		f.StringVar(&cfg.CRIU, "criu", cfg.CRIU, "criu binary for snapshots; default: the one scripts/install-criu.sh set up (env TORPOR_CRIU)")
 		f.StringVar(&cfg.SnapshotCompression, "snapshot-compression", cfg.SnapshotCompression, "zstd, lz4 or none")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,

@@ -125,7 +125,8 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		})
 		w, err = worker.New(ctx, worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
 			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
-			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB},
+			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB,
+			NoTemplates: !cfg.Templates, TemplateTTL: cfg.TemplateTTL, ReclaimLowMB: cfg.ReclaimLowMB, ReclaimHighMB: cfg.ReclaimHighMB},
 			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))
 		if err != nil {
 			return err
@@ -146,13 +147,17 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		if w != nil {
 			local = w
 		}
-		d := dispatch.New(b, reg, calls, local, log.With("part", "dispatch"))
+		dir, err := dispatch.NewDirectory(runCtx, b, reg, log.With("part", "directory"))
+		if err != nil {
+			return err
+		}
+		d := dispatch.New(b, reg, calls, local, dir, log.With("part", "dispatch"))
 		store, keys, err := OpenSnapshotStore(ctx, cfg)
 		if err != nil {
 			return err
 		}
 		h := gateway.New(d, gateway.Options{Log: log.With("part", "gateway"), Registry: promReg, Token: apiToken,
-			Snapshots: dispatch.NewSnapshots(b, reg, calls, store, keys)})
+			Snapshots: dispatch.NewSnapshots(b, reg, calls, store, keys), Workers: dir})
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w (is another torpor running? pick another address with --listen)", cfg.Listen, err)

@@ -46,6 +46,13 @@ type Config struct {
 	// MemoryBudgetMB caps the summed memory limits of a worker's live
 	// instances (0: three quarters of the machine's memory).
 	MemoryBudgetMB int
+	// Templates turns the fork path (runtime and function templates) on;
+	// TemplateTTL stops a function template unused this long.
+	Templates   bool
+	TemplateTTL time.Duration
+	// ReclaimLowMB and ReclaimHighMB are the memory reclaimer's watermarks
+	// on the host's available memory (0: 5 % and 10 % of the machine).
+	ReclaimLowMB, ReclaimHighMB int
 
 	// SnapshotStore is where snapshot images go: a directory or
 	// s3://bucket/prefix?endpoint=… (see blobopen); empty means
@@ -114,6 +121,7 @@ func Default() Config {
 		Home: DefaultHome(), Listen: "127.0.0.1:8080", LogLevel: "info", Auth: AuthToken,
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
+		Templates: true, TemplateTTL: time.Hour,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none", SnapshotCompression: "zstd",
 	}
 	env := map[string]*string{
@@ -185,6 +193,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Retention < time.Minute {
 		errs = append(errs, fmt.Errorf("--retention %s: use at least 1m", c.Retention))
+	}
+	if c.ReclaimLowMB < 0 || c.ReclaimHighMB < 0 || c.ReclaimHighMB != 0 && c.ReclaimHighMB <= c.ReclaimLowMB {
+		errs = append(errs, fmt.Errorf("--reclaim-low-mb %d / --reclaim-high-mb %d: use 0 (automatic) or low < high", c.ReclaimLowMB, c.ReclaimHighMB))
+	}
+	if c.TemplateTTL < 0 {
+		errs = append(errs, fmt.Errorf("--template-ttl %s: use a positive duration", c.TemplateTTL))
 	}
 	if c.MemoryBudgetMB < 0 {
 		errs = append(errs, fmt.Errorf("--memory-budget %d: use 0 (automatic) or a size in MB", c.MemoryBudgetMB))

@@ -70,3 +70,10 @@ func SeccompProgram() ([]byte, error) {
 
 // Manager returns the Manager that runs s.
 func (s *Sandbox) Manager() *Manager { return s.m }
+
+// MemoryHeadroom returns how much more memory the sandboxes may use before
+// their parent cgroup's limit (Config.TotalMemoryMB), and ok = false when
+// no limit is set.
+func (m *Manager) MemoryHeadroom() (bytes int64, ok bool, err error) {
+	return m.cg.parentHeadroom()
+}

@@ -589,6 +589,51 @@ func (c *instanceCgroup) oomKills() (uint64, error) {
 	return n, nil
 }
 
+// setParentMemory limits the parent cgroup's memory to mb (0: no limit set).
+func (t *cgroupTree) setParentMemory(mb int) error {
+	if mb <= 0 {
+		return nil
+	}
+	b := strconv.FormatInt(int64(mb)<<20, 10)
+	var writes []string
+	if t.version == 1 {
+		writes = append(writes, filepath.Join(t.parents["memory"], "memory.limit_in_bytes"))
+		if t.optional["memsw"] {
+			writes = append(writes, filepath.Join(t.parents["memory"], "memory.memsw.limit_in_bytes"))
+		}
+	} else {
+		writes = append(writes, filepath.Join(t.parents[""], "memory.max"))
+	}
+	for _, f := range writes {
+		if err := writeCgroupFile(f, b); err != nil {
+			return fmt.Errorf("limit the sandboxes' memory to %d MB: %w", mb, err)
+		}
+	}
+	return nil
+}
+
+// parentHeadroom is the parent cgroup's memory limit minus its usage; ok is
+// false when it has no limit of its own.
+func (t *cgroupTree) parentHeadroom() (int64, bool, error) {
+	dir, lim, cur := t.parents["memory"], "memory.limit_in_bytes", "memory.usage_in_bytes"
+	if t.version == 2 {
+		dir, lim, cur = t.parents[""], "memory.max", "memory.current"
+	}
+	lb, err := os.ReadFile(filepath.Join(dir, lim))
+	if err != nil {
+		return 0, false, fmt.Errorf("read sandboxes' memory limit: %w", err)
+	}
+	limit, err := strconv.ParseInt(strings.TrimSpace(string(lb)), 10, 64)
+	if err != nil || limit >= 1<<60 { // "max", or v1's "unlimited" page-rounded LONG_MAX
+		return 0, false, nil
+	}
+	usage, err := readUintFile(filepath.Join(dir, cur))
+	if err != nil {
+		return 0, false, fmt.Errorf("read sandboxes' memory usage: %w", err)
+	}
+	return limit - int64(usage), true, nil
+}
+
 // stats reads the memory counters.
 func (c *instanceCgroup) stats() (Stats, error) {
 	cur, peak := "memory.usage_in_bytes", "memory.max_usage_in_bytes"

@@ -51,6 +51,10 @@ type Config struct {
 	// "/proc/self/exe". Its main must start with
 	// `if sandbox.IsInit() { sandbox.InitMain() }`.
 	InitPath string
+	// TotalMemoryMB, when set, caps the memory of all of this worker's
+	// sandboxes together (the limit of their parent cgroup): a node's
+	// allocatable memory. MemoryHeadroom reports what is left of it.
+	TotalMemoryMB int
 }
 
 // Manager starts and tracks the sandboxes of one worker. It is safe for
@@ -129,6 +133,9 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 		return nil, fmt.Errorf("sandbox manager: %w", err)
 	}
 	if err := tree.setup(); err != nil {
+		return nil, fmt.Errorf("sandbox manager: %w", err)
+	}
+	if err := tree.setParentMemory(cfg.TotalMemoryMB); err != nil {
 		return nil, fmt.Errorf("sandbox manager: %w", err)
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {

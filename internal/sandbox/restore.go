@@ -205,7 +205,7 @@ func (m *Manager) restoreRoot(spec Spec) (string, error) {
 // InitVersion changes whenever what a Manager hands its init (the init
 // config, the cgexec arguments) changes, so that a worker never uses a
 // torpor-init from another build.
-const InitVersion = "torpor-init/1"
+const InitVersion = "torpor-init/2"
 
 // FindInit returns the torpor-init binary installed beside exe (the
 // worker's own executable) when it answers with this build's InitVersion,

@@ -115,6 +115,9 @@ func StartRuntime(ctx context.Context, m *sandbox.Manager, cfg RuntimeConfig, lo
 // Pid is the runtime template's host pid.
 func (r *Runtime) Pid() int { return r.sb.Pid() }
 
+// Sandbox is the runtime template's process and cgroup.
+func (r *Runtime) Sandbox() *sandbox.Sandbox { return r.sb }
+
 // Done is closed when the runtime template has exited.
 func (r *Runtime) Done() <-chan struct{} { return r.sb.Done() }
 

@@ -3,6 +3,7 @@ package template_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,7 +30,7 @@ const uidBase = 700_000_000
 
 // stack starts a sandbox manager and a runtime template whose code cache
 // holds one function, "fn", with the given source.
-func stack(t *testing.T, src string) (*template.Runtime, template.FunctionSpec) {
+func stack(t testing.TB, src string) (*template.Runtime, template.FunctionSpec) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	ctx := testenv.Ctx(t)
@@ -117,7 +118,7 @@ def handler(event, context):
             "tasks": sorted(os.listdir("/var/task")), "net": net, "userns": userns}
 `
 
-func invoke(t *testing.T, cl *agentproto.Client, event string) map[string]any {
+func invoke(t testing.TB, cl *agentproto.Client, event string) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(testenv.Ctx(t), 10*time.Second)
 	defer cancel()
@@ -210,4 +211,60 @@ func TestForkLineage(t *testing.T) {
 		}
 		_ = in.sb.Destroy(ctx)
 	}
+}
+
+// BenchmarkFork measures the two fork paths without HTTP: a warm start
+// (fork an instance from the function template, call it, stop it) and a
+// cold one (fork a function template from the runtime template, import
+// the code, fork an instance, call it, stop both).
+func BenchmarkFork(b *testing.B) {
+	rt, fs := stack(b, "def handler(e, c):\n    return {}\n")
+	ctx := testenv.Ctx(b)
+	initFn := func(f *template.Function) {
+		if _, err := f.Client().Init(ctx, agentproto.InitParams{Function: "fn", Version: 1, Handler: "app.handler",
+			MemoryMB: 128, Timeout: 10 * time.Second, CodeDir: "/var/task"}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lim := sandbox.Limits{MemoryMB: 128, Pids: 32}
+	b.Run("warm", func(b *testing.B) {
+		fn, err := rt.ForkFunction(ctx, fs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		initFn(fn)
+		defer fn.Close(ctx)
+		b.ResetTimer()
+		for i := range b.N {
+			sb, cl, err := fn.Fork(ctx, fmt.Sprintf("i-bench-%d", i), lim)
+			if err != nil {
+				b.Fatal(err)
+			}
+			invoke(b, cl, "{}")
+			b.StopTimer()
+			cl.Close()
+			_ = sb.Destroy(ctx)
+			b.StartTimer()
+		}
+	})
+	b.Run("cold", func(b *testing.B) {
+		for i := range b.N {
+			fs.ID = fmt.Sprintf("t-bench-%d", i)
+			fn, err := rt.ForkFunction(ctx, fs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			initFn(fn)
+			sb, cl, err := fn.Fork(ctx, fmt.Sprintf("i-bench-c%d", i), lim)
+			if err != nil {
+				b.Fatal(err)
+			}
+			invoke(b, cl, "{}")
+			b.StopTimer()
+			cl.Close()
+			_ = sb.Destroy(ctx)
+			_ = fn.Close(ctx)
+			b.StartTimer()
+		}
+	})
 }

@@ -152,7 +152,7 @@ func (w *Worker) handleValidate(ctx context.Context, m *nats.Msg) {
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
 		return
 	}
-	in, err := w.spawn(ctx, ver)
+	in, _, err := w.startNew(ctx, ver)
 	if err != nil {
 		w.unreserve(ver.MemoryMB)
 		var ie *agentproto.InitError

@@ -1,10 +1,14 @@
 package worker
 
 import (
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/torpor-dev/torpor/api"
+	"github.com/torpor-dev/torpor/internal/function"
 )
 
 // Summary is what this worker publishes about itself (see api.WorkerSummary).
@@ -57,19 +61,108 @@ func (w *Worker) notifyChangedLocked() {
 	w.changed = make(chan struct{})
 }
 
-// TODO(core): replaced by the template pool.
-type templateKey struct {
-	Name    string
-	Version int
+// Info is the worker's summary plus the memory of every process it keeps,
+// read from /proc/PID/smaps_rollup (a few hundred microseconds per process).
+func (w *Worker) Info() api.WorkerInfo {
+	info := api.WorkerInfo{WorkerSummary: w.Summary(), LowWatermarkMB: w.cfg.ReclaimLowMB, HighWatermarkMB: w.cfg.ReclaimHighMB}
+	info.MemAvailableMB, _ = w.availableMB()
+	if rt := w.tmpl.runtime(); rt != nil {
+		p := api.ProcessInfo{Kind: "runtime-template", Runtime: rt.Hello.Runtime, ID: "rt-python", Pid: rt.Pid()}
+		fillMemory(&p)
+		info.Templates = append(info.Templates, p)
+	}
+	for _, ft := range w.tmpl.list() {
+		w.tmpl.mu.Lock()
+		last := ft.lastUsed
+		w.tmpl.mu.Unlock()
+		p := api.ProcessInfo{Kind: "function-template", Function: ft.ver.Name, Version: ft.ver.Version,
+			ID: ft.f.Sandbox().ID(), Pid: ft.f.Pid(), LastUsed: last.UTC().Format(time.RFC3339Nano)}
+		fillMemory(&p)
+		info.Templates = append(info.Templates, p)
+	}
+	add := func(in *instance, state string) {
+		p := api.ProcessInfo{Kind: "instance", Function: in.ver.Name, Version: in.ver.Version, ID: in.id,
+			Pid: in.sb.Pid(), State: state, Start: in.start, LastUsed: in.lastUsed.UTC().Format(time.RFC3339Nano)}
+		fillMemory(&p)
+		info.Instances = append(info.Instances, p)
+	}
+	w.mu.Lock()
+	var idle []*instance
+	for _, l := range w.idle {
+		idle = append(idle, l...)
+	}
+	w.mu.Unlock()
+	for _, in := range idle {
+		add(in, "idle")
+	}
+	w.running.Range(func(_, v any) bool {
+		add(v.(*instance), "busy")
+		return true
+	})
+	return info
 }
 
-func (w *Worker) functionTemplates() []templateKey { return nil }
-
-// Info is the worker's summary plus the memory of every process it keeps.
-func (w *Worker) Info() api.WorkerInfo { return api.WorkerInfo{WorkerSummary: w.Summary()} }
+// fillMemory reads p.Pid's RSS, PSS and USS (private clean + dirty) from
+// /proc/PID/smaps_rollup; they stay 0 when it cannot be read.
+func fillMemory(p *api.ProcessInfo) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Pid) + "/smaps_rollup")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "Rss":
+			p.RSS = kb << 10
+		case "Pss":
+			p.PSS = kb << 10
+		case "Private_Clean", "Private_Dirty":
+			p.USS += kb << 10
+		}
+	}
+}
 
 // Drop stops the idle instances of a function (version 0: every version)
-// and, unless keepTemplates, its function templates.
+// and, unless keepTemplates, its function templates. Busy instances finish
+// their calls.
 func (w *Worker) Drop(name string, version int, keepTemplates bool) api.DropResult {
-	return api.DropResult{Workers: 1}
+	res := api.DropResult{Workers: 1}
+	match := func(v function.Version) bool { return v.Name == name && (version == 0 || v.Version == version) }
+	w.mu.Lock()
+	var victims []*instance
+	for _, l := range w.idle {
+		for _, in := range l {
+			if match(in.ver) {
+				victims = append(victims, in)
+			}
+		}
+	}
+	for _, in := range victims {
+		w.removeIdleLocked(in)
+	}
+	w.mu.Unlock()
+	for _, in := range victims {
+		w.metrics.instances.WithLabelValues("idle").Dec()
+		w.retire(in)
+	}
+	res.Instances = len(victims)
+	if !keepTemplates {
+		for _, ft := range w.tmpl.list() {
+			if match(ft.ver) {
+				w.tmpl.remove(ft)
+				res.Templates++
+			}
+		}
+	}
+	if res.Instances > 0 || res.Templates > 0 {
+		w.notifyChanged()
+	}
+	return res
 }

@@ -33,6 +33,8 @@ type instance struct {
 	lastUsed time.Time
 	spec     sandbox.Spec // what it runs in (without ExtraFiles); snapshots need its mounts
 	lastCall string       // the call it served last (snapshot requests by call)
+	tmpl     *fnTemplate  // the function template it was forked from; nil when it started on its own
+	start    string       // how it started: function.StartWarm, StartCold, StartRestore
 }
 
 // alive reports whether the instance's process is still running.
@@ -169,6 +171,9 @@ func (w *Worker) deathError(in *instance) *function.Error {
 // destroy tears an instance down in the background.
 func (w *Worker) destroy(in *instance) {
 	_ = in.cl.Close()
+	if in.tmpl != nil {
+		w.tmpl.instanceGone(in.tmpl)
+	}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()

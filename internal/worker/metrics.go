@@ -10,6 +10,11 @@ type Metrics struct {
 	// restoreFailures counts start snapshots that could not be restored
 	// (the call then started cold).
 	restoreFailures prometheus.Counter
+	// forkFallbacks counts instances started on their own because the
+	// fork path could not serve them; reclaimed counts what the memory
+	// reclaimer stopped, by kind.
+	forkFallbacks prometheus.Counter
+	reclaimed     *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker's metrics with reg.
@@ -25,6 +30,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.restoreFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "torpor_snapshot_restore_failures_total",
 		Help: "Start snapshots that could not be restored; each such call started cold instead."})
-	reg.MustRegister(m.instances, m.starts, m.droppedRecords, m.restoreFailures)
+	m.forkFallbacks = prometheus.NewCounter(prometheus.CounterOpts{Name: "torpor_fork_fallbacks_total",
+		Help: "Instances started on their own (cold) because no template could fork them."})
+	m.reclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "torpor_reclaimed_total",
+		Help: "Processes the memory reclaimer stopped, by kind (instance, function-template)."}, []string{"kind"})
+	reg.MustRegister(m.instances, m.starts, m.droppedRecords, m.restoreFailures, m.forkFallbacks, m.reclaimed)
 	return m
 }

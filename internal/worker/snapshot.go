@@ -213,6 +213,15 @@ func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id, 
 	w.mu.Lock()
 	for _, in := range w.idle[poolKey(ver.Name, ver.Version)] {
 		if (id == "" || in.id == id) && (call == "" || in.lastCall == call) {
+			if in.tmpl != nil && (id != "" || call != "") {
+				w.mu.Unlock()
+				return nil, fmt.Errorf("instance %s was forked from its function template and shares the template's PID namespace, "+
+					"so it cannot be checkpointed on its own: snapshot the function instead (torpor snapshot create %s), "+
+					"or run the worker with --templates=false: %w", in.id, ver.Name, errdefs.ErrConflict)
+			}
+			if in.tmpl != nil {
+				continue // a new instance of its own is started below
+			}
 			w.removeIdleLocked(in)
 			w.mu.Unlock()
 			w.metrics.instances.WithLabelValues("idle").Dec()

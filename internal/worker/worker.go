@@ -53,6 +53,18 @@ type Config struct {
 	// MemoryBudgetMB caps the sum of the memory limits of live instances;
 	// 0 means three quarters of the machine's memory.
 	MemoryBudgetMB int
+	// NoTemplates turns the fork path off: every instance starts on its
+	// own (cold), as before templates.
+	NoTemplates bool
+	// TemplateTTL stops a function template unused this long with no
+	// live instance (default 1 h); the reclaimer stops them sooner when
+	// memory runs short.
+	TemplateTTL time.Duration
+	// The reclaimer's watermarks: when the host's available memory falls
+	// below ReclaimLowMB it stops idle instances, then unused function
+	// templates, until ReclaimHighMB is available again. 0: 5 % and 10 %
+	// of the machine's memory (at least 256 and 512 MB).
+	ReclaimLowMB, ReclaimHighMB int
 }
 
 func (c *Config) defaults() {
@@ -79,6 +91,15 @@ func (c *Config) defaults() {
 	}
 	if c.MemoryBudgetMB == 0 {
 		c.MemoryBudgetMB = int(totalMemoryMB() * 3 / 4)
+	}
+	if c.TemplateTTL == 0 {
+		c.TemplateTTL = time.Hour
+	}
+	if c.ReclaimLowMB == 0 {
+		c.ReclaimLowMB = max(256, int(totalMemoryMB()/20))
+	}
+	if c.ReclaimHighMB <= c.ReclaimLowMB {
+		c.ReclaimHighMB = c.ReclaimLowMB + max(256, int(totalMemoryMB()/20))
 	}
 }
 
@@ -107,6 +128,7 @@ type Worker struct {
 	metrics   *Metrics
 
 	snap         *snapshots // nil when snapshots are disabled
+	tmpl         *templates
 	running      sync.Map   // call id → *instance running it, for snapshot requests by call
 	agentDir     string
 	runtimeBinds []sandbox.Bind
@@ -134,6 +156,7 @@ type Worker struct {
 	calls      sync.WaitGroup // in-flight calls
 	wg         sync.WaitGroup // background goroutines
 	stopLoops  context.CancelFunc
+	stopTmpl   context.CancelFunc // stops the templates, last
 	abandon    context.CancelFunc
 	stopRecord chan struct{}
 }
@@ -148,6 +171,7 @@ func New(ctx context.Context, cfg Config, b *bus.Bus, reg *registry.Registry, ca
 		idle: map[string][]*instance{}, slots: map[string]*fnSlots{}, records: make(chan function.Call, 4096),
 		capChanged: make(chan struct{}), changed: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
 		extractZip: codezip.Extract}
+	w.tmpl = newTemplates(w)
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -223,9 +247,18 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: async consumer: %w", err)
 	}
-	w.wg.Add(2)
+	w.wg.Add(3)
 	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
 	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
+	go func() { defer w.wg.Done(); w.reclaimer(loopCtx) }()
+	// The templates outlive the loops: running calls' instances are
+	// their children. Close stops them last.
+	tmplCtx, stopTmpl := context.WithCancel(context.WithoutCancel(ctx))
+	w.stopTmpl = stopTmpl
+	if !w.cfg.NoTemplates {
+		w.wg.Add(1)
+		go func() { defer w.wg.Done(); w.tmpl.run(tmplCtx) }()
+	}
 	go w.recordWriter()
 	if err := w.watchStartSnapshots(loopCtx); err != nil {
 		return err
@@ -291,6 +324,9 @@ func (w *Worker) close(ctx context.Context) {
 	for _, in := range all {
 		w.retire(in)
 	}
+	if w.stopTmpl != nil {
+		w.stopTmpl()
+	}
 	waitCtx(ctx, &w.wg)
 }
 
@@ -340,12 +376,28 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Du
 			w.log.Warn("restore failed, starting cold instead", "fn", ver.Name, "version", ver.Version,
 				"snapshot", id, "refused", image.IsRefused(err), "err", err)
 		}
-		in, err := w.spawn(ctx, ver)
+		in, start, err := w.startNew(ctx, ver)
 		if err != nil {
 			w.unreserve(ver.MemoryMB)
 		}
-		return in, function.StartCold, err
+		return in, start, err
 	}
+}
+
+// startNew starts a new instance of ver, its memory already reserved:
+// forked from its function template (warm, or cold when the template is
+// made for it), or, when the fork path cannot serve it, on its own (cold).
+func (w *Worker) startNew(ctx context.Context, ver function.Version) (*instance, string, error) {
+	if !w.cfg.NoTemplates {
+		in, start, err := w.fork(ctx, ver)
+		if err == nil || !errors.Is(err, errNoTemplate) {
+			return in, start, err
+		}
+		w.metrics.forkFallbacks.Inc()
+		w.log.Debug("starting instance on its own", "fn", ver.Name, "version", ver.Version, "reason", err)
+	}
+	in, err := w.spawn(ctx, ver)
+	return in, function.StartCold, err
 }
 
 // reserve admits a new instance of mb MB against the worker's memory budget.
@@ -520,6 +572,9 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 
 	t0 := time.Now()
 	in, start, err := w.acquire(ctx, ver, queueWait)
+	if err == nil && in.start == "" {
+		in.start = start
+	}
 	res.Start = start
 	res.StartTime = time.Since(t0)
 	w.metrics.starts.WithLabelValues(start).Observe(res.StartTime.Seconds())
@@ -639,6 +694,7 @@ func (w *Worker) reaper(ctx context.Context) {
 			w.metrics.instances.WithLabelValues("idle").Dec()
 			w.retire(in)
 		}
+		w.tmpl.reap(now, w.cfg.TemplateTTL)
 	}
 }
 

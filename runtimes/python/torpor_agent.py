@@ -1228,6 +1228,13 @@ def _function_template_main():
         pass
     _drain()
     _null_stdio()  # nobody reads the capture pipes any more
+    import gc
+
+    # Everything the import made is shared with every fork: a full
+    # collection now, then keep the collector off those pages (each pass
+    # would write to them, copying them into every instance).
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGCHLD, _report_exits)
     _template_loop({"fork": _on_fork})
 
