@@ -71,6 +71,8 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 			"below this much available host memory, stop idle instances and unused templates (0 = 5% of the machine)")
 		f.IntVar(&cfg.ReclaimHighMB, "reclaim-high-mb", cfg.ReclaimHighMB,
 			"... until this much is available again (0 = 10% of the machine)")
+		f.IntVar(&cfg.SandboxMemoryMB, "sandbox-memory-mb", cfg.SandboxMemoryMB,
+			"cap on the memory of all of this worker's sandboxes together, in MB (0 = none)")
 		f.StringVar(&cfg.CRIU, "criu", cfg.CRIU, "criu binary for snapshots; default: the one scripts/install-criu.sh set up (env TORPOR_CRIU)")
 		f.StringVar(&cfg.SnapshotCompression, "snapshot-compression", cfg.SnapshotCompression, "zstd, lz4 or none")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,

@@ -478,12 +478,13 @@ def handler(event, context):
 		}
 	}},
 
-	{"unknown and reserved messages", func(t *testing.T, p *agentProc) {
+	{"unknown and template-only messages", func(t *testing.T, p *agentProc) {
 		ready(t, p, echoHandler)
 		ctx := testenv.Ctx(t)
 		for typ, want := range map[string]string{
 			"no-such-message": ErrorTypeUnknownMessage,
-			TypeFork:          ErrorTypeNotSupported,
+			TypeFork:          ErrorTypeInvalidState, // an instance is not a template
+			TypeForkTemplate:  ErrorTypeInvalidState,
 		} {
 			h, err := rawExchange(ctx, p.client, Header{Type: typ, ID: "u-" + typ})
 			if err != nil {

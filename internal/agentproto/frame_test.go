@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -89,7 +90,7 @@ func assertFrameEqual(t *testing.T, got, want *Frame) {
 	gh, wh := got.Header, want.Header
 	ge, we := gh.Error, wh.Error
 	gh.Error, wh.Error = nil, nil
-	if gh != wh {
+	if !reflect.DeepEqual(gh, wh) {
 		t.Errorf("header = %+v, want %+v", gh, wh)
 	}
 	if (ge == nil) != (we == nil) || ge != nil && (ge.ErrorType != we.ErrorType || ge.ErrorMessage != we.ErrorMessage || strings.Join(ge.StackTrace, "|") != strings.Join(we.StackTrace, "|")) {

@@ -114,7 +114,8 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		if exe, err := os.Executable(); err == nil {
 			initPath = sandbox.FindInit(ctx, exe)
 		}
-		sbm, err := sandbox.NewManager(ctx, sandbox.Config{StateDir: filepath.Join(cfg.Home, "sandbox"), InitPath: initPath}, log.With("part", "sandbox"))
+		sbm, err := sandbox.NewManager(ctx, sandbox.Config{StateDir: filepath.Join(cfg.Home, "sandbox"), InitPath: initPath,
+			TotalMemoryMB: cfg.SandboxMemoryMB}, log.With("part", "sandbox"))
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}

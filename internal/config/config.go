@@ -53,6 +53,9 @@ type Config struct {
 	// ReclaimLowMB and ReclaimHighMB are the memory reclaimer's watermarks
 	// on the host's available memory (0: 5 % and 10 % of the machine).
 	ReclaimLowMB, ReclaimHighMB int
+	// SandboxMemoryMB caps the memory of all of a worker's sandboxes
+	// together (0: no cap of their own).
+	SandboxMemoryMB int
 
 	// SnapshotStore is where snapshot images go: a directory or
 	// s3://bucket/prefix?endpoint=… (see blobopen); empty means
@@ -196,6 +199,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReclaimLowMB < 0 || c.ReclaimHighMB < 0 || c.ReclaimHighMB != 0 && c.ReclaimHighMB <= c.ReclaimLowMB {
 		errs = append(errs, fmt.Errorf("--reclaim-low-mb %d / --reclaim-high-mb %d: use 0 (automatic) or low < high", c.ReclaimLowMB, c.ReclaimHighMB))
+	}
+	if c.SandboxMemoryMB < 0 {
+		errs = append(errs, fmt.Errorf("--sandbox-memory-mb %d: use 0 (no cap) or a size in MB", c.SandboxMemoryMB))
 	}
 	if c.TemplateTTL < 0 {
 		errs = append(errs, fmt.Errorf("--template-ttl %s: use a positive duration", c.TemplateTTL))

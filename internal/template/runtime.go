@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -43,6 +44,10 @@ type RuntimeConfig struct {
 	HostNetwork bool
 	// Stderr receives the templates' own diagnostics (nil: discarded).
 	Stderr *os.File
+	// Spares is how many function sandboxes the runtime template keeps
+	// made in advance (namespaces created, loopback up), so that a cold
+	// start does not wait for them; default 2.
+	Spares int
 }
 
 // Runtime is a running runtime template.
@@ -63,6 +68,9 @@ func StartRuntime(ctx context.Context, m *sandbox.Manager, cfg RuntimeConfig, lo
 	if err != nil {
 		return nil, fmt.Errorf("runtime template: %w", err)
 	}
+	if cfg.Spares == 0 {
+		cfg.Spares = 2
+	}
 	conn, child, err := socketPair()
 	if err != nil {
 		return nil, fmt.Errorf("runtime template: %w", err)
@@ -73,6 +81,10 @@ func StartRuntime(ctx context.Context, m *sandbox.Manager, cfg RuntimeConfig, lo
 		child.Close()
 		return nil, fmt.Errorf("runtime template: status pipe: %w", err)
 	}
+	ownNet := "1"
+	if cfg.HostNetwork {
+		ownNet = "0"
+	}
 	spec := sandbox.Spec{
 		ID:       cfg.ID,
 		Template: &sandbox.TemplateSpec{IDs: cfg.IDs},
@@ -82,7 +94,8 @@ func StartRuntime(ctx context.Context, m *sandbox.Manager, cfg RuntimeConfig, lo
 		}, cfg.Binds...),
 		Argv: []string{cfg.Python, "-I", "-S", "-c", runtimes.PythonBootstrap, "/opt/torpor"},
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp",
-			"TORPOR_AGENT_FD=3", "TORPOR_STATUS_FD=4", "TORPOR_ROLE=runtime-template"},
+			"TORPOR_AGENT_FD=3", "TORPOR_STATUS_FD=4", "TORPOR_ROLE=runtime-template",
+			"TORPOR_OWN_NETWORK=" + ownNet, "TORPOR_SPARES=" + strconv.Itoa(cfg.Spares)},
 		Dir:         "/",
 		ExtraFiles:  []*os.File{child, statusW},
 		Limits:      cfg.Limits,
@@ -322,4 +335,3 @@ func (t *exitTable) read(r *os.File) {
 		}
 	}
 }
-

@@ -129,7 +129,7 @@ type Worker struct {
 
 	snap         *snapshots // nil when snapshots are disabled
 	tmpl         *templates
-	running      sync.Map   // call id → *instance running it, for snapshot requests by call
+	running      sync.Map // call id → *instance running it, for snapshot requests by call
 	agentDir     string
 	runtimeBinds []sandbox.Bind
 	extract      singleflight.Group

@@ -36,10 +36,6 @@ DRAIN_LIMIT = 1 << 20  # bytes per pipe per drain
 MAX_ERROR_MESSAGE = 64 << 10  # characters; keeps an error header under MAX_HEADER
 MAX_TRACE_LINES = 100
 
-# Message types the protocol reserves for later versions; this agent answers
-# them with Protocol.NotSupported.
-RESERVED = ()
-
 _fd = -1  # the protocol socket
 _diag = 2  # fd for the agent's own diagnostics (the process's original stderr)
 _rbuf = b""  # bytes read from the socket but not yet parsed
@@ -720,8 +716,8 @@ def _dispatch(h, body):
         _send({"type": "pong", "id": h.get("id") or ""})
     elif t == "init":
         _on_init(h)
-    elif t in RESERVED:
-        f = _Fault("Protocol.NotSupported", "%s is not supported by the python agent (protocol v%d)" % (t, PROTOCOL_VERSION))
+    elif t in ("fork", "fork-template"):
+        f = _Fault("Protocol.InvalidState", "%s goes to a template; this process is a function instance" % t)
         _send({"type": "error", "id": h.get("id") or "", "error": f.as_dict()})
     else:
         f = _Fault("Protocol.UnknownMessage", "unknown message type %r (python agent, protocol v%d)" % (t, PROTOCOL_VERSION))
@@ -967,6 +963,8 @@ def _template_loop(handlers):
                     pass
         reply["id"] = cid
         _send(reply)
+        while _after_reply:
+            _after_reply.pop(0)()
 
 
 def _warm_up():
@@ -1018,44 +1016,97 @@ def _warm_up():
 
 def _runtime_template_main():
     """The runtime template: warm up, then fork function templates."""
-    global _status_fd
+    global _status_fd, _own_network, _spare_count
     import signal
 
     t0 = _perf()
     _status_fd = int(os.environ.pop("TORPOR_STATUS_FD", "4"))
     os.set_inheritable(_status_fd, False)
+    _own_network = os.environ.pop("TORPOR_OWN_NETWORK", "1") == "1"
+    _spare_count = int(os.environ.pop("TORPOR_SPARES", "2"))
     _setup_json()
     _warm_up()
     signal.signal(signal.SIGCHLD, _report_exits)
+    _refill_spares()
     _hello(',"role":"runtime-template","warm_ms":%.3f' % ((_perf() - t0) * 1000.0))
     _template_loop({"fork-template": _on_fork_template})
 
 
+# Spare sandboxes: the namespaces of a function template cost milliseconds
+# to create (a network namespace most), so the runtime template keeps a few
+# made in advance — forked, unshared, with /proc and loopback up — each
+# waiting on a socket of its own for the function it will become. A
+# fork-template takes one and makes its replacement after replying.
+_spares = []  # [(pid, socket to it)], oldest first
+_spare_count = 2
+_own_network = True
+
+
 def _on_fork_template(h, fds):
-    """Fork a function template into a new sandbox (fds: its socket, its
-    status pipe). Returns the reply: its pid in this template's namespace."""
-    global _template_fork
+    """Hand a spare sandbox the function's config and descriptors (its
+    socket, its status pipe): it becomes the function template. Returns the
+    reply: its pid in this template's namespace."""
     cfg = h.get("config")
     if type(cfg) is not dict or len(fds) != 2:
         raise _Fault("Protocol.InvalidMessage", "fork-template needs \"config\" and two descriptors (socket, status pipe)")
+    if bool(cfg.get("own_network", True)) != _own_network:
+        raise _Fault("Protocol.InvalidMessage", "own_network %r differs from the runtime template's" % cfg.get("own_network"))
+    import socket
+
+    while True:
+        if not _spares:
+            _make_spare()
+        pid, sk = _spares.pop(0)
+        try:
+            body = _dumps(cfg).encode("utf-8")
+            socket.send_fds(sk, [len(body).to_bytes(4, "big") + body], fds)
+        except OSError:
+            sk.close()  # that spare died: take the next
+            continue
+        sk.close()
+        _after_reply.append(_refill_spares)
+        return {"type": "forked", "pid": pid}
+
+
+_after_reply = []  # run by _template_loop once the reply is sent
+
+
+def _refill_spares():
+    while len(_spares) < _spare_count:
+        try:
+            _make_spare()
+        except _Fault as f:
+            _diag_print("cannot make a spare sandbox: %s" % f.as_dict().get("errorMessage"))
+            return
+
+
+def _make_spare():
+    """Fork a spare sandbox: a child that unshares the namespaces and forks
+    again; that grandchild, pid 1 of the new PID namespace, prepares what
+    does not depend on the function and waits for it."""
+    global _template_fork
+    import socket
+
+    mine, theirs = socket.socketpair()
     r, w = os.pipe()
     _template_fork = True
     try:
         pid = os.fork()
     finally:
         _template_fork = False
-    if pid == 0:  # the intermediate child: new namespaces, then fork pid 1 of them
+    if pid == 0:  # the intermediate child
         try:
             os.close(r)
+            mine.close()
             flags = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID
-            if cfg.get("own_network", True):
+            if _own_network:
                 flags |= _CLONE_NEWNET
             _check(_c().unshare(flags), "unshare")
             _template_fork = True
             child = os.fork()
             if child == 0:
                 os.close(w)
-                _become_function_template(cfg, fds)  # never returns
+                _spare_main(theirs)  # never returns
             os.write(w, b"%d" % child)
             os._exit(0)
         except BaseException as e:
@@ -1064,6 +1115,7 @@ def _on_fork_template(h, fds):
             finally:
                 os._exit(1)
     os.close(w)
+    theirs.close()
     out = b""
     while True:
         chunk = os.read(r, 4096)
@@ -1072,8 +1124,40 @@ def _on_fork_template(h, fds):
         out += chunk
     os.close(r)
     if not out or out[:1] == b"E":
-        raise _Fault("Sandbox.SetupError", "cannot create the function template's namespaces: %s" % out[1:].decode("utf-8", "replace"))
-    return {"type": "forked", "pid": int(out)}
+        mine.close()
+        raise _Fault("Sandbox.SetupError", "cannot create a function sandbox's namespaces: %s" % out[1:].decode("utf-8", "replace"))
+    _spares.append((int(out), mine))
+
+
+def _spare_main(sk):
+    """A spare sandbox: prepare, then wait for the function to become."""
+    import signal
+    import socket
+
+    global _template_fork, _in_child
+    _template_fork = _in_child = False
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        if _own_network:
+            _loopback_up()
+        head, fds, _, _ = socket.recv_fds(sk, 4, 2)
+        if len(head) < 4:
+            os._exit(0)  # the runtime template is gone
+        size = int.from_bytes(head, "big")
+        body = b""
+        while len(body) < size:
+            more = sk.recv(size - len(body))
+            if not more:
+                os._exit(0)
+            body += more
+        cfg = _loads(body.decode("utf-8"))
+    except BaseException as e:
+        _diag_print("spare sandbox failed: %s" % (e,))
+        os._exit(126)
+    sk.close()
+    _become_function_template(cfg, fds)
 
 
 def _become_function_template(cfg, fds):
@@ -1086,6 +1170,8 @@ def _become_function_template(cfg, fds):
     _template_fork = _in_child = False
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _fd, _status_fd = fds
+    os.set_inheritable(_fd, False)
+    os.set_inheritable(_status_fd, False)
     _rbuf, _sock, _role = b"", None, "function-template"
     try:
         _enter_sandbox(cfg)
@@ -1102,13 +1188,12 @@ def _become_function_template(cfg, fds):
 
 
 def _enter_sandbox(cfg):
-    """Build the function's sandbox around this process (root in the runtime
-    template's user namespace, pid 1 of a new PID namespace) and drop to its
-    uid: the same steps as the Go sandbox init (internal/sandbox/init.go)."""
+    """Finish the function's sandbox around this spare (root in the runtime
+    template's user namespace, pid 1 of a new PID namespace, /proc and
+    loopback up) and drop to its uid: the same steps as the Go sandbox init
+    (internal/sandbox/init.go)."""
     import resource
 
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=%dm" % int(cfg["tmp_mb"]))
     os.mkdir("/tmp/.shm", 0o1777)
     os.chmod("/tmp/.shm", 0o1777)
@@ -1119,8 +1204,6 @@ def _enter_sandbox(cfg):
     # this function sees only its own there, read-only.
     _mount("/var/task/" + code, "/var/task", None, _MS_BIND | _MS_REC)
     _mount_setattr("/var/task", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
-    if cfg.get("own_network", True):
-        _loopback_up()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     nofile = int(cfg.get("nofile") or 1024)
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
