@@ -13,8 +13,12 @@ import (
 // TestSnapshotCLI drives the snapshot commands against the real binary:
 // doctor, create --use, ls, inspect, export, rm, import, and a call that
 // starts from the snapshot (X-Torpor-Start: restore) with its state.
+//
+// It runs with --templates=false: a snapshot of an instance that served
+// calls needs a standalone instance (one forked from a function template
+// shares the template's PID namespace; docs/templates.md).
 func TestSnapshotCLI(t *testing.T) {
-	s := startServer(t, "--idle-ttl", "1s")
+	s := startServer(t, "--idle-ttl", "1s", "--templates=false")
 	out, errOut, err := s.cli("doctor", "--home", s.home)
 	if err != nil {
 		t.Fatalf("doctor: %v\n%s%s", err, out, errOut)
@@ -193,8 +197,9 @@ func (s *server) waitNoIdle(t *testing.T) {
 
 // TestSnapshotOfCall: `torpor snapshot create CALL` snapshots the instance
 // that served the call, on its worker; a call still running is refused.
+// Standalone instances, as in TestSnapshotCLI.
 func TestSnapshotOfCall(t *testing.T) {
-	s := startServer(t)
+	s := startServer(t, "--templates=false")
 	s.deploy("slow", "import time\nn = 0\ndef handler(event, context):\n    global n\n    n += 1\n    time.sleep(event.get('sleep', 0))\n    return n\n", deployOpts{TimeoutS: 10})
 	r := s.invoke("slow", "{}")
 	mustOK(t, r)

@@ -18,14 +18,45 @@ func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmark a running torpor against a baseline",
-		Long: `Bench compares torpor with a baseline measured in the same run. "warm"
-measures a running torpor ("torpor up") from the outside, over HTTP;
-"snapshot" measures the checkpoint engine in-process (root and CRIU needed).
-Each benchmark prints a table and writes results.json, results.csv and plots.`,
+		Long: `Bench compares torpor with a baseline measured in the same run. "warm",
+"starts", "density", "diversity" and "bursts" measure a running torpor
+("torpor up") from the outside, over HTTP; "snapshot" measures the checkpoint
+engine in-process (root and CRIU needed). Each benchmark prints a table and
+writes results.json, results.csv and plots (docs/benchmarks.md,
+docs/benchmarks-templates.md).`,
 		Args: args(),
 	}
-	cmd.AddCommand(newBenchWarmCmd(g), newBenchSnapshotCmd())
+	cmd.AddCommand(newBenchWarmCmd(g), newBenchSnapshotCmd(),
+		newBenchStartsCmd(g), newBenchDensityCmd(g), newBenchDiversityCmd(g), newBenchBurstsCmd(g))
 	return cmd
+}
+
+// benchOut returns the --out directory: out, or bench/results/<name>-<UTC
+// timestamp> when empty.
+func benchOut(out, name string) string {
+	if out != "" {
+		return out
+	}
+	return filepath.Join("bench", "results", name+"-"+time.Now().UTC().Format("20060102T150405Z"))
+}
+
+// platformFlags registers the flags every benchmark of a running torpor
+// has (--out, --python) and returns a function that fills opts from them
+// and the root's --endpoint and token, once the flags are parsed.
+func platformFlags(cmd *cobra.Command, g *globals, name string, opts *bench.PlatformOptions) func() {
+	var out string
+	f := cmd.Flags()
+	f.StringVar(&out, "out", "", "directory for results.json, results.csv and the plots (default bench/results/"+name+"-<timestamp>)")
+	f.StringVar(&opts.Python, "python", "python3", "interpreter of the fork-per-call baseline (resolved behind shims)")
+	return func() {
+		opts.Endpoint, opts.Token, opts.OutDir = g.endpoint, g.apiToken(), benchOut(out, name)
+	}
+}
+
+// failedCalls is the error of a benchmark some of whose measured calls
+// failed: the command exits 1, after the tables.
+func failedCalls(n int, out string) error {
+	return fmt.Errorf("%d measured calls failed (see above and %s): the numbers are not a clean measurement", n, filepath.Join(out, "results.json"))
 }
 
 func newBenchWarmCmd(g *globals) *cobra.Command {

@@ -65,6 +65,7 @@ machine, $TORPOR_HOME/api-token.`,
 		&cobra.Group{ID: groupFunctions, Title: "Functions:"},
 		&cobra.Group{ID: groupCalls, Title: "Calls:"},
 		&cobra.Group{ID: groupSnapshots, Title: "Snapshots:"},
+		&cobra.Group{ID: groupWorkers, Title: "Workers:"},
 	)
 	root.AddCommand(
 		newDeployCmd(g),
@@ -75,6 +76,7 @@ machine, $TORPOR_HOME/api-token.`,
 		newCallCmd(g),
 		newLogsCmd(g),
 		newSnapshotCmd(g),
+		newWorkersCmd(g),
 		newDoctorCmd(),
 	)
 	root.AddCommand(newBenchCmd(g))

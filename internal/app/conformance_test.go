@@ -85,7 +85,11 @@ func newBackend(t *testing.T) *dispatch.Dispatcher {
 		defer cancel()
 		w.Close(ctx)
 	})
-	return dispatch.New(b, reg, calls, w, log.With("part", "dispatch"))
+	dir, err := dispatch.NewDirectory(runCtx, b, reg, log.With("part", "directory"))
+	if err != nil {
+		t.Fatalf("dispatch.NewDirectory: %v", err)
+	}
+	return dispatch.New(b, reg, calls, w, dir, log.With("part", "dispatch"))
 }
 
 // requireRoot skips t when not running as root (sandboxes need namespaces,

@@ -31,11 +31,16 @@ import (
 // node is one worker with its own home, sharing a bus and a snapshot
 // store with the other nodes of a test.
 type node struct {
-	w *worker.Worker
-	d *dispatch.Dispatcher
+	w   *worker.Worker
+	d   *dispatch.Dispatcher
+	dir *dispatch.Directory // this node's view of the worker directory
 }
 
-func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id string) node {
+// nodeOption adjusts a node's worker and sandbox configuration.
+type nodeOption func(*worker.Config, *sandbox.Config)
+
+// newNode starts a worker with snapshots to store (none when store is nil).
+func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id string, opts ...nodeOption) node {
 	t.Helper()
 	log := testenv.Logger(t).With("node", id)
 	py, err := config.ResolvePython(testenv.Ctx(t), testenv.Python(t))
@@ -50,7 +55,12 @@ func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id
 		t.Fatal(err)
 	}
 	calls := callstore.New(b.Calls)
-	sbm, err := sandbox.NewManager(testenv.Ctx(t), sandbox.Config{StateDir: filepath.Join(home, "sandbox"), CgroupName: testCgroupName()}, log)
+	wcfg := worker.Config{ID: id, Home: home, Python: py.Path, PythonHome: py.Prefix}
+	scfg := sandbox.Config{StateDir: filepath.Join(home, "sandbox"), CgroupName: testCgroupName()}
+	for _, o := range opts {
+		o(&wcfg, &scfg)
+	}
+	sbm, err := sandbox.NewManager(testenv.Ctx(t), scfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,19 +69,20 @@ func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id
 		defer cancel()
 		_ = sbm.Close(ctx)
 	})
-	w, err := worker.New(testenv.Ctx(t), worker.Config{ID: id, Home: home, Python: py.Path, PythonHome: py.Prefix},
-		b, reg, calls, sbm, worker.NewMetrics(prometheus.NewRegistry()), log)
+	w, err := worker.New(testenv.Ctx(t), wcfg, b, reg, calls, sbm, worker.NewMetrics(prometheus.NewRegistry()), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := testenv.CRIU(t)
-	svc, err := snapshot.NewService(e, store, keys, snapshot.ServiceConfig{EngineVersion: e.Version()}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = svc.Close() })
-	if err := w.EnableSnapshots(testenv.Ctx(t), svc); err != nil {
-		t.Fatal(err)
+	if store != nil {
+		e := testenv.CRIU(t)
+		svc, err := snapshot.NewService(e, store, keys, snapshot.ServiceConfig{EngineVersion: e.Version()}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = svc.Close() })
+		if err := w.EnableSnapshots(testenv.Ctx(t), svc); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := w.Start(runCtx); err != nil {
 		t.Fatal(err)
@@ -81,7 +92,11 @@ func newNode(t *testing.T, b *bus.Bus, store blob.Store, keys *image.Keyring, id
 		defer cancel()
 		w.Close(ctx)
 	})
-	return node{w: w, d: dispatch.New(b, reg, calls, w, log)}
+	dir, err := dispatch.NewDirectory(runCtx, b, reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node{w: w, d: dispatch.New(b, reg, calls, w, dir, log), dir: dir}
 }
 
 // cluster is what the nodes of a snapshot test share: a bus, a snapshot

@@ -27,6 +27,7 @@ type callResult struct {
 	latency time.Duration // request written to body fully read, or to failure
 	err     error         // nil when the answer was 200 with body {}
 	start   string        // X-Torpor-Start (torpor only)
+	status  int           // HTTP status; 0 when no answer came
 	// Server-Timing of torpor's answer; -1 when absent.
 	serverStart, serverHandler time.Duration
 }
@@ -52,6 +53,13 @@ func newHTTPClient(conc int) *http.Client {
 // the order the calls were issued and the wall time of the whole run. It
 // stops early, returning ctx's error, when ctx is cancelled.
 func runCalls(ctx context.Context, hc *http.Client, t target, n, conc int) ([]callResult, time.Duration, error) {
+	return runMixed(ctx, hc, func(int) target { return t }, n, conc)
+}
+
+// runMixed is runCalls where call i goes to pick(i), so that one closed
+// loop can spread its calls over many functions (pick must be safe for
+// concurrent use; a precomputed sequence is).
+func runMixed(ctx context.Context, hc *http.Client, pick func(i int) target, n, conc int) ([]callResult, time.Duration, error) {
 	results := make([]callResult, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -65,7 +73,7 @@ func runCalls(ctx context.Context, hc *http.Client, t target, n, conc int) ([]ca
 				if i >= n {
 					return
 				}
-				results[i] = call(ctx, hc, t)
+				results[i] = call(ctx, hc, pick(i))
 			}
 		}()
 	}
@@ -100,6 +108,7 @@ func call(ctx context.Context, hc *http.Client, t target) callResult {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	r.latency = time.Since(begin)
+	r.status = resp.StatusCode
 	if err != nil {
 		r.err = fmt.Errorf("read answer: %w", err)
 		return r

@@ -3,12 +3,17 @@ package bench
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image/color"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // WriteWarmResults writes the raw results of rep to dir (created if
@@ -124,4 +129,53 @@ func ms3(us int64) string {
 		prec = 2
 	}
 	return strconv.FormatFloat(v, 'f', prec, 64)
+}
+
+// writeResults writes a benchmark's raw results to dir (created if
+// needed): results.json (rep), results.csv (filled by csv) and each plot,
+// by file name. The JSON and CSV are written first, so that a plot that
+// cannot be drawn (every call failed) does not cost the raw data.
+func writeResults(dir string, rep any, csv func(*bufio.Writer) error, plots map[string]func(io.Writer) error) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results dir %s: %w", dir, err)
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, "results.csv"), csv); err != nil {
+		return err
+	}
+	names := slices.Sorted(maps.Keys(plots))
+	var errs []error
+	for _, name := range names {
+		draw := plots[name]
+		if err := writeFile(filepath.Join(dir, name), func(w *bufio.Writer) error { return draw(w) }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// callCSVColumns are the columns callCSVFields fills.
+const callCSVColumns = "latency_us,ok,start,server_start_us,server_handler_us"
+
+// callCSVFields formats one call for a CSV row: client latency, success,
+// X-Torpor-Start and Server-Timing (empty when absent).
+func callCSVFields(c callResult) string {
+	us := func(d time.Duration) string {
+		if d < 0 {
+			return ""
+		}
+		return strconv.FormatInt(d.Microseconds(), 10)
+	}
+	return fmt.Sprintf("%d,%t,%s,%s,%s", c.latency.Microseconds(), c.err == nil, c.start, us(c.serverStart), us(c.serverHandler))
+}
+
+// machineLine is the short description of m that plot titles end with.
+func machineLine(m Machine) string {
+	return strconv.Itoa(m.NProc) + " cpu " + shortCPU(m.CPUModel) + ", " + m.Timestamp.Format("2006-01-02 15:04Z")
 }

@@ -313,16 +313,16 @@ func checkHealth(ctx context.Context, endpoint string) error {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/healthz", nil)
 	if err != nil {
-		return errdefs.Invalid(fmt.Sprintf("bench warm: bad endpoint %q: use a URL like http://127.0.0.1:8080", endpoint))
+		return errdefs.Invalid(fmt.Sprintf("bench: bad endpoint %q: use a URL like http://127.0.0.1:8080", endpoint))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return &unavailableError{msg: fmt.Sprintf("bench warm: cannot reach torpor at %s (start it with `torpor up`, or pass --endpoint)", endpoint), err: err}
+		return &unavailableError{msg: fmt.Sprintf("bench: cannot reach torpor at %s (start it with `torpor up`, or pass --endpoint)", endpoint), err: err}
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return &unavailableError{msg: fmt.Sprintf("bench warm: %s/healthz answered HTTP %d: is it a torpor gateway that is up?", endpoint, resp.StatusCode)}
+		return &unavailableError{msg: fmt.Sprintf("bench: %s/healthz answered HTTP %d: is it a torpor gateway that is up?", endpoint, resp.StatusCode)}
 	}
 	return nil
 }

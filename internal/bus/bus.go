@@ -30,8 +30,15 @@ const MaxPayload = 8 << 20
 
 // Subjects, streams and buckets.
 const (
-	// SubjInvoke + function name: synchronous calls (request/reply, queue group Workers).
+	// SubjInvoke + function name: synchronous calls (request/reply, queue group Workers);
+	// InvokeWorkerSubject addresses one worker.
 	SubjInvoke = "torpor.invoke."
+	// SubjWorkerInfo + worker token (WorkerInfoSubject): a worker's
+	// processes and their memory (reply: api.WorkerInfo).
+	SubjWorkerInfo = "torpor.workers.info."
+	// SubjDrop: broadcast; every worker stops idle instances (and templates)
+	// of a function and replies with its api.DropResult.
+	SubjDrop = "torpor.workers.drop"
 	// SubjValidate: deploy-time validation requests (queue group Workers).
 	SubjValidate = "torpor.validate"
 	// SubjSnapshot: requests to snapshot an instance (queue group Workers);
@@ -58,8 +65,19 @@ const (
 	// BucketSnapshots maps "<function>.<version>" to the snapshot new
 	// instances of that version start from (see worker).
 	BucketSnapshots = "torpor_snapshots"
+	// BucketWorkers is the worker directory: each live worker's
+	// api.WorkerSummary under WorkerKey(id), refreshed every WorkerRefresh.
+	BucketWorkers = "torpor_workers"
 	// ConsumerCalls is the durable consumer all workers pull async calls from.
 	ConsumerCalls = "workers"
+)
+
+// The worker directory's timing: a worker puts its summary whenever what it
+// holds changes and at least every WorkerRefresh; an entry not refreshed for
+// WorkerTTL (a worker that died without deleting it) expires.
+const (
+	WorkerRefresh = 2 * time.Second
+	WorkerTTL     = 10 * time.Second
 )
 
 // Config says where NATS is.
@@ -88,6 +106,7 @@ type Bus struct {
 	Calls     jetstream.KeyValue    // BucketCalls
 	Code      jetstream.ObjectStore // BucketCode
 	Snapshots jetstream.KeyValue    // BucketSnapshots
+	Workers   jetstream.KeyValue    // BucketWorkers
 	CallQueue jetstream.Stream      // StreamCalls
 	Logs      jetstream.Stream      // StreamLogs
 
@@ -233,6 +252,9 @@ func (b *Bus) declare(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("declare KV %s: %w", BucketSnapshots, err)
 	}
+	if b.Workers, err = b.declareWorkers(ctx); err != nil {
+		return err
+	}
 	if b.Calls, err = b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: BucketCalls, Description: "torpor call records", History: 1, TTL: b.cfg.CallRetention,
 		Storage: jetstream.FileStorage,
@@ -267,6 +289,24 @@ func (b *Bus) declare(ctx context.Context) error {
 	return nil
 }
 
+// declareWorkers declares the worker directory. It lives in memory: it
+// describes the processes running now. With limit markers (NATS 2.11+) a
+// watcher also learns when an entry expires; an older external server
+// works without them (readers then drop entries older than WorkerTTL).
+func (b *Bus) declareWorkers(ctx context.Context) (jetstream.KeyValue, error) {
+	cfg := jetstream.KeyValueConfig{Bucket: BucketWorkers, Description: "torpor worker directory: what each live worker holds",
+		History: 1, TTL: WorkerTTL, LimitMarkerTTL: WorkerTTL, Storage: jetstream.MemoryStorage}
+	kv, err := b.JS.CreateOrUpdateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		cfg.LimitMarkerTTL = 0
+		kv, err = b.JS.CreateOrUpdateKeyValue(ctx, cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("declare KV %s: %w", BucketWorkers, err)
+	}
+	return kv, nil
+}
+
 // Close waits (briefly) for pending async publishes, closes the connection
 // and stops the embedded server.
 func (b *Bus) Close() {
@@ -291,14 +331,35 @@ func (b *Bus) Close() {
 // AckWait is the async consumer's redelivery timeout.
 func (b *Bus) AckWait() time.Duration { return b.cfg.AckWait }
 
-// SnapshotSubject is the subject of snapshot requests for one worker: the
-// worker id with anything a subject token cannot hold replaced by '_'.
+// SnapshotSubject is the subject of snapshot requests for one worker.
 func SnapshotSubject(workerID string) string {
+	return SubjSnapshot + ".worker." + WorkerToken(workerID)
+}
+
+// InvokeWorkerSubject is the subject of synchronous calls of fn addressed
+// to one worker; fn "*" is the worker's subscription. (Function names have
+// no dots, so these never match the queue group's SubjInvoke+"*".)
+func InvokeWorkerSubject(workerID, fn string) string {
+	return SubjInvoke + "w." + WorkerToken(workerID) + "." + fn
+}
+
+// WorkerInfoSubject is the subject of info requests for one worker.
+func WorkerInfoSubject(workerID string) string { return SubjWorkerInfo + WorkerToken(workerID) }
+
+// WorkerKey is a worker's key in BucketWorkers.
+func WorkerKey(workerID string) string { return WorkerToken(workerID) }
+
+// WorkerToken is a worker id as one subject token (and KV key): anything
+// but [A-Za-z0-9_-] is replaced by '_'.
+func WorkerToken(workerID string) string {
 	b := []byte(workerID)
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
 			b[i] = '_'
 		}
 	}
-	return SubjSnapshot + ".worker." + string(b)
+	if len(b) == 0 {
+		return "_"
+	}
+	return string(b)
 }

@@ -388,3 +388,47 @@ func TestListenTokenFileTrailingNewline(t *testing.T) {
 	}
 	nc.Close()
 }
+
+// The worker directory is a memory KV whose entries expire after WorkerTTL,
+// with markers so that a watcher learns of the expiry.
+func TestWorkerDirectoryBucket(t *testing.T) {
+	ctx := testCtx(t)
+	b := openBus(t, Config{StoreDir: t.TempDir()})
+	if b.Workers == nil {
+		t.Fatal("Workers handle not set")
+	}
+	st, err := b.Workers.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != WorkerTTL || st.History() != 1 || st.LimitMarkerTTL() != WorkerTTL {
+		t.Errorf("KV %s: TTL %s, history %d, limit markers %s; want %s, 1, %s", BucketWorkers, st.TTL(), st.History(),
+			st.LimitMarkerTTL(), WorkerTTL, WorkerTTL)
+	}
+}
+
+func TestWorkerSubjects(t *testing.T) {
+	tests := []struct {
+		id, invoke, info, snapshot, key string
+	}{
+		{"w1", "torpor.invoke.w.w1.fn", "torpor.workers.info.w1", "torpor.snapshot.worker.w1", "w1"},
+		{"host.example.com", "torpor.invoke.w.host_example_com.fn", "torpor.workers.info.host_example_com",
+			"torpor.snapshot.worker.host_example_com", "host_example_com"},
+		{"a b*>", "torpor.invoke.w.a_b__.fn", "torpor.workers.info.a_b__", "torpor.snapshot.worker.a_b__", "a_b__"},
+		{"", "torpor.invoke.w._.fn", "torpor.workers.info._", "torpor.snapshot.worker._", "_"},
+	}
+	for _, tt := range tests {
+		if got := InvokeWorkerSubject(tt.id, "fn"); got != tt.invoke {
+			t.Errorf("InvokeWorkerSubject(%q) = %q, want %q", tt.id, got, tt.invoke)
+		}
+		if got := WorkerInfoSubject(tt.id); got != tt.info {
+			t.Errorf("WorkerInfoSubject(%q) = %q, want %q", tt.id, got, tt.info)
+		}
+		if got := SnapshotSubject(tt.id); got != tt.snapshot {
+			t.Errorf("SnapshotSubject(%q) = %q, want %q", tt.id, got, tt.snapshot)
+		}
+		if got := WorkerKey(tt.id); got != tt.key {
+			t.Errorf("WorkerKey(%q) = %q, want %q", tt.id, got, tt.key)
+		}
+	}
+}

@@ -1,5 +1,6 @@
 // Package callmsg is the NATS message format between the dispatcher (gateway
-// side) and workers: call requests, their replies, and deploy validation.
+// side) and workers: call requests, their replies, deploy validation, and
+// the operator's drop requests.
 // Payloads travel as raw message bodies, metadata as headers, so a 6 MB event
 // is never re-encoded. It does no I/O.
 package callmsg
@@ -30,6 +31,7 @@ const (
 	HDurUS    = "Torpor-Duration-Us"
 	HClass    = "Torpor-Error-Class"
 	HCreated  = "Torpor-Created"
+	HKeepTpl  = "Torpor-Keep-Templates"
 )
 
 // Outcomes of a reply.
@@ -63,6 +65,35 @@ func ParseRequest(m *nats.Msg) (function.InvokeRequest, error) {
 		return req, fmt.Errorf("malformed call message on %s: %w", m.Subject, errdefs.ErrInvalid)
 	}
 	return req, nil
+}
+
+// Drop asks workers to stop the idle instances of a function (version 0:
+// of every version) and, unless KeepTemplates, its function templates.
+type Drop struct {
+	Function      string
+	Version       int
+	KeepTemplates bool
+}
+
+// DropRequest encodes d for subject.
+func DropRequest(subject string, d Drop) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(HFunction, d.Function)
+	m.Header.Set(HVersion, strconv.Itoa(d.Version))
+	if d.KeepTemplates {
+		m.Header.Set(HKeepTpl, "1")
+	}
+	return m
+}
+
+// ParseDrop decodes a drop request.
+func ParseDrop(m *nats.Msg) (Drop, error) {
+	v, err := strconv.Atoi(m.Header.Get(HVersion))
+	d := Drop{Function: m.Header.Get(HFunction), Version: v, KeepTemplates: m.Header.Get(HKeepTpl) == "1"}
+	if err != nil || d.Function == "" || v < 0 {
+		return d, fmt.Errorf("malformed drop request on %s: %w", m.Subject, errdefs.ErrInvalid)
+	}
+	return d, nil
 }
 
 // Reply encodes the outcome of a call that ran.

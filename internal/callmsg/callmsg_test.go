@@ -240,3 +240,28 @@ func TestParseReplyToleratesBadNumbers(t *testing.T) {
 		t.Errorf("res = %+v", res)
 	}
 }
+
+func TestDropRoundTrip(t *testing.T) {
+	for _, d := range []Drop{
+		{Function: "fn"},
+		{Function: "fn", Version: 3},
+		{Function: "fn", Version: 2, KeepTemplates: true},
+	} {
+		got, err := ParseDrop(DropRequest("torpor.workers.drop", d))
+		if err != nil || got != d {
+			t.Errorf("ParseDrop(DropRequest(%+v)) = %+v, %v", d, got, err)
+		}
+	}
+	for name, mutate := range map[string]func(*nats.Msg){
+		"no function":      func(m *nats.Msg) { m.Header.Del(HFunction) },
+		"bad version":      func(m *nats.Msg) { m.Header.Set(HVersion, "x") },
+		"negative version": func(m *nats.Msg) { m.Header.Set(HVersion, "-1") },
+		"no headers":       func(m *nats.Msg) { m.Header = nil },
+	} {
+		m := DropRequest("torpor.workers.drop", Drop{Function: "fn", Version: 1})
+		mutate(m)
+		if _, err := ParseDrop(m); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: ParseDrop = %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -35,6 +35,7 @@ func TestDefaultWithoutEnv(t *testing.T) {
 		Home: filepath.Join(home, ".torpor"), Listen: "127.0.0.1:8080", LogLevel: "info", Auth: AuthToken,
 		AckWait: 30 * time.Second, Retention: 7 * 24 * time.Hour,
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
+		Templates: true, TemplateTTL: time.Hour,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none", SnapshotCompression: "zstd",
 	}
 	if c != want {

@@ -1,8 +1,9 @@
 // Package dispatch is the control plane behind the gateway: it implements
 // gateway.Backend on NATS JetStream. Deploys are validated by a worker and
-// stored in the registry; synchronous calls go to a worker as NATS requests;
-// asynchronous calls are persisted in a JetStream work queue before they are
-// acknowledged. It never runs function code itself.
+// stored in the registry; synchronous calls go to a worker as NATS requests,
+// to the one holding an idle instance or a template of the function when the
+// worker directory names one; asynchronous calls are persisted in a JetStream
+// work queue before they are acknowledged. It never runs function code itself.
 package dispatch
 
 import (
@@ -48,13 +49,14 @@ type Dispatcher struct {
 	bus   *bus.Bus
 	reg   *registry.Registry
 	calls *callstore.Store
-	local Local // nil when no worker runs in this process
+	local Local      // nil when no worker runs in this process
+	dir   *Directory // nil: every call goes to the queue group
 	log   *slog.Logger
 }
 
-// New returns a Dispatcher; local may be nil.
-func New(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, local Local, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{bus: b, reg: reg, calls: calls, local: local, log: log}
+// New returns a Dispatcher; local and dir may be nil.
+func New(b *bus.Bus, reg *registry.Registry, calls *callstore.Store, local Local, dir *Directory, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{bus: b, reg: reg, calls: calls, local: local, dir: dir, log: log}
 }
 
 // Deploy implements gateway.Backend.
@@ -193,7 +195,10 @@ func (d *Dispatcher) resolve(req *function.InvokeRequest) (function.Version, err
 	return ver, nil
 }
 
-// Invoke implements gateway.Backend.
+// Invoke implements gateway.Backend. A call goes, in order of preference,
+// to this process's worker when it holds an idle instance of the version;
+// to the worker the directory says holds one, or a template of it (see
+// choose); to any worker, through the queue group.
 func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (function.InvokeResult, error) {
 	ver, err := d.resolve(&req)
 	if err != nil {
@@ -203,6 +208,24 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	defer cancel()
 	if d.local != nil && d.local.HasIdle(ver.Name, ver.Version) {
 		return d.local.Serve(ctx, req)
+	}
+	if d.dir != nil {
+		if worker, done := d.dir.place(ver.Name, ver.Version); worker != "" {
+			reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.InvokeWorkerSubject(worker, req.Function), req))
+			switch {
+			case errors.Is(err, nats.ErrNoResponders):
+				// The worker is gone since its last summary; nothing ran.
+				done(false)
+				d.log.Debug("placed worker is gone: any worker takes the call", "worker", worker, "fn", req.Function, "call", req.CallID)
+			case err != nil:
+				done(false)
+				return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function+" on worker "+worker, err)
+			default:
+				res, err := callmsg.ParseReply(reply)
+				done(err == nil && res.Err == nil)
+				return res, err
+			}
+		}
 	}
 	reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.SubjInvoke+req.Function, req))
 	if err != nil {

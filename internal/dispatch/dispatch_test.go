@@ -41,7 +41,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatalf("registry.New: %v", err)
 	}
 	calls := callstore.New(b.Calls)
-	return &env{bus: b, reg: reg, calls: calls, d: New(b, reg, calls, nil, testenv.Logger(t))}
+	return &env{bus: b, reg: reg, calls: calls, d: New(b, reg, calls, nil, nil, testenv.Logger(t))}
 }
 
 // commit stores a version of name directly in the registry (no validation
@@ -435,7 +435,7 @@ func (f *fakeLocal) Serve(_ context.Context, req function.InvokeRequest) (functi
 func TestInvokeLocalHotPath(t *testing.T) {
 	e := newEnv(t)
 	local := &fakeLocal{idle: map[string]bool{"fn@2": true}}
-	e.d = New(e.bus, e.reg, e.calls, local, testenv.Logger(t))
+	e.d = New(e.bus, e.reg, e.calls, local, nil, testenv.Logger(t))
 	e.commit(t, "fn")
 	e.commit(t, "fn") // v2 is idle locally, v1 is not
 	remote := e.fakeWorker(t, func(req function.InvokeRequest) *nats.Msg {

@@ -60,6 +60,7 @@ func authRequests(t *testing.T) []struct{ method, path, body string } {
 		{"POST", "/v1/functions/echo/invoke", "{}"},
 		{"GET", "/v1/functions/echo/calls", ""},
 		{"GET", "/v1/functions/echo/logs", ""},
+		{"DELETE", "/v1/functions/echo/instances", ""},
 		{"GET", "/v1/calls/c1", ""},
 		{"GET", "/v1/snapshots", ""},
 		{"POST", "/v1/snapshots", `{"function":"echo"}`},
@@ -68,6 +69,8 @@ func authRequests(t *testing.T) []struct{ method, path, body string } {
 		{"GET", "/v1/snapshots/c1/export", ""},
 		{"POST", "/v1/snapshots/import", "TORPSNAP"},
 		{"POST", "/v1/snapshots/gc", ""},
+		{"GET", "/v1/workers", ""},
+		{"GET", "/v1/workers/c1", ""},
 		{"POST", "/2015-03-31/functions/echo/invocations", "{}"},
 		{"DELETE", "/v1/functions/echo", ""}, // last: it removes echo
 		{"GET", "/v1/nothing", ""},

@@ -30,6 +30,9 @@ type Options struct {
 	Token string
 	// Snapshots serves /v1/snapshots; nil answers 503 there.
 	Snapshots Snapshots
+	// Workers serves /v1/workers and DELETE /v1/functions/{name}/instances;
+	// nil answers 503 there.
+	Workers Workers
 }
 
 // Server is the gateway's http.Handler.
@@ -41,6 +44,7 @@ type Server struct {
 	metrics *metrics
 	routes  []route
 	snaps   Snapshots
+	wks     Workers
 	known   map[string]bool // patterns of routes
 }
 
@@ -63,7 +67,8 @@ func New(b Backend, opts Options) *Server {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	s := &Server{b: b, log: log, auth: newAuthenticator(opts.Token), mux: http.NewServeMux(), snaps: opts.Snapshots}
+	s := &Server{b: b, log: log, auth: newAuthenticator(opts.Token), mux: http.NewServeMux(), snaps: opts.Snapshots,
+		wks: opts.Workers}
 	s.metrics = newMetrics(reg, log)
 	s.routes = []route{
 		{routeHealth, s.handleHealth},
@@ -76,6 +81,7 @@ func New(b Backend, opts Options) *Server {
 		{"POST /v1/functions/{name}/invoke", s.handleInvoke},
 		{"GET /v1/functions/{name}/calls", s.handleListCalls},
 		{"GET /v1/functions/{name}/logs", s.handleLogs},
+		{"DELETE /v1/functions/{name}/instances", s.handleDropInstances},
 		{"GET /v1/calls/{id}", s.handleGetCall},
 
 		{"GET /v1/snapshots", s.handleListSnapshots},
@@ -85,6 +91,9 @@ func New(b Backend, opts Options) *Server {
 		{"GET /v1/snapshots/{id}/export", s.handleExportSnapshot},
 		{"POST /v1/snapshots/import", s.handleImportSnapshot},
 		{"POST /v1/snapshots/gc", s.handleGCSnapshots},
+
+		{"GET /v1/workers", s.handleListWorkers},
+		{"GET /v1/workers/{id}", s.handleGetWorker},
 
 		{"POST /2015-03-31/functions/{name}/invocations", s.handleLambdaInvoke},
 	}

@@ -240,6 +240,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe to validations: %w", err)
 	}
 	w.subs = append(w.subs, sub)
+	dirSubs, err := w.subscribeDirectory(callCtx)
+	if err != nil {
+		return err
+	}
+	w.subs = append(w.subs, dirSubs...)
 	if err := w.bus.NC.Flush(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -251,6 +256,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
 	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
 	go func() { defer w.wg.Done(); w.reclaimer(loopCtx) }()
+	w.wg.Add(1)
+	go func() { defer w.wg.Done(); w.publishLoop(loopCtx) }()
 	// The templates outlive the loops: running calls' instances are
 	// their children. Close stops them last.
 	tmplCtx, stopTmpl := context.WithCancel(context.WithoutCancel(ctx))
@@ -353,6 +360,7 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Du
 		if n := len(list); n > 0 {
 			in := list[n-1]
 			w.idle[key] = list[:n-1]
+			w.notifyChangedLocked()
 			w.mu.Unlock()
 			w.metrics.instances.WithLabelValues("idle").Dec()
 			if !in.alive() {
@@ -486,6 +494,7 @@ func (w *Worker) removeIdleLocked(in *instance) {
 	} else {
 		w.idle[key] = list
 	}
+	w.notifyChangedLocked()
 }
 
 // byLRU sorts instances least recently used first.
@@ -499,6 +508,7 @@ func (w *Worker) release(in *instance) {
 	w.mu.Lock()
 	key := poolKey(in.ver.Name, in.ver.Version)
 	w.idle[key] = append(w.idle[key], in)
+	w.notifyChangedLocked()
 	w.mu.Unlock()
 	w.metrics.instances.WithLabelValues("idle").Inc()
 }
@@ -681,6 +691,9 @@ func (w *Worker) reaper(ctx context.Context) {
 				w.idle[key] = keep
 			}
 			kept = append(kept, keep...)
+		}
+		if len(victims) > 0 {
+			w.notifyChangedLocked()
 		}
 		if over := len(kept) - w.cfg.MaxIdle; over > 0 {
 			byLRU(kept)
