@@ -189,3 +189,28 @@ func vmstat(t *testing.T, key string) int64 {
 	t.Fatalf("no %s in /proc/vmstat", key)
 	return 0
 }
+
+// TestManyForksOfOneTemplate: 64 calls at once to one function fork 64
+// instances from its template. What each child touches before it is moved
+// into its own cgroup stays charged to the template's, so the template's
+// limit must grow with them: none of the calls may fail and the template
+// must survive.
+func TestManyForksOfOneTemplate(t *testing.T) {
+	n := templateNode(t)
+	n.deploy(t, "many", "import time\ndef handler(e, c):\n    time.sleep(0.3)\n    return {}\n", 64)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.call(t, "many", "{}") }()
+	}
+	wg.Wait()
+	var templates int
+	for _, p := range n.w.Info().Templates {
+		if p.Kind == "function-template" && p.Function == "many" {
+			templates++
+		}
+	}
+	if templates != 1 {
+		t.Errorf("%d templates of the function after the burst, want the one it started with", templates)
+	}
+}

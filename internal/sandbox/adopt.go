@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -76,4 +77,28 @@ func (s *Sandbox) Manager() *Manager { return s.m }
 // no limit is set.
 func (m *Manager) MemoryHeadroom() (bytes int64, ok bool, err error) {
 	return m.cg.parentHeadroom()
+}
+
+// RaiseMemoryLimit raises the memory limit of s's cgroup to mb. A template
+// needs it: the pages each forked child touches before the worker moves it
+// into its own cgroup stay charged to the template's (the kernel no longer
+// moves charges), so its limit grows with its live children.
+func (s *Sandbox) RaiseMemoryLimit(mb int) error {
+	b := strconv.FormatInt(int64(mb)<<20, 10)
+	var files []string
+	if s.cg.version == 1 {
+		// memory+swap may never be below memory: raise it first.
+		if s.m.cg.optional["memsw"] {
+			files = append(files, filepath.Join(s.cg.dir("memory"), "memory.memsw.limit_in_bytes"))
+		}
+		files = append(files, filepath.Join(s.cg.dir("memory"), "memory.limit_in_bytes"))
+	} else {
+		files = append(files, filepath.Join(s.cg.dir("memory"), "memory.max"))
+	}
+	for _, f := range files {
+		if err := writeCgroupFile(f, b); err != nil {
+			return fmt.Errorf("sandbox %s: raise memory limit to %d MB: %w", s.id, mb, err)
+		}
+	}
+	return nil
 }

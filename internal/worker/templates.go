@@ -23,6 +23,12 @@ import (
 // ordinary instances to the rest of the worker (hot pool, budget, calls);
 // only how they start and stop differs.
 
+// forkChargeMB is what a forked instance leaves charged to its template's
+// cgroup until it exits: the pages it touches before the worker has moved
+// it into a cgroup of its own (1.2 MB measured for a NOP function). The
+// template's memory limit grows by this much per live instance.
+const forkChargeMB = 2
+
 // errNoTemplate means the fork path cannot serve a start (no runtime
 // template yet, or the function cannot be forked): start the instance on
 // its own instead.
@@ -55,6 +61,7 @@ type fnTemplate struct {
 	lastUsed time.Time
 	live     int  // instances forked from it that are still alive
 	gone     bool // stopped, or being stopped
+	limitMB  int  // its cgroup's memory limit (raised with live)
 }
 
 func newTemplates(w *Worker) *templates {
@@ -70,7 +77,11 @@ func (t *templates) run(ctx context.Context) {
 		rt, err := template.StartRuntime(ctx, w.sandboxes, template.RuntimeConfig{
 			ID: "rt-python", Python: w.cfg.Python, AgentDir: w.agentDir, CodeDir: filepath.Join(w.cfg.Home, "code"),
 			Binds: w.runtimeBinds, IDs: templateIDs, HostNetwork: w.cfg.HostNetwork,
-			Limits: sandbox.Limits{MemoryMB: 512, Pids: 64},
+			// No memory limit of its own: it runs only our code, and what
+			// its children touch before they are moved into their own
+			// cgroups (above all the kernel memory of their namespaces,
+			// ~3 MB a function template) stays charged here.
+			Limits: sandbox.Limits{Pids: 64},
 		}, w.log)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -145,7 +156,8 @@ func (t *templates) get(ctx context.Context, ver function.Version) (ft *fnTempla
 		t.mu.Unlock()
 		return nil, false, fmt.Errorf("%w: the runtime template is not running", errNoTemplate)
 	}
-	ft = &fnTemplate{key: key, ver: ver, ready: make(chan struct{}), created: time.Now(), lastUsed: time.Now()}
+	ft = &fnTemplate{key: key, ver: ver, ready: make(chan struct{}), created: time.Now(), lastUsed: time.Now(),
+		limitMB: ver.MemoryMB}
 	t.fns[key] = ft
 	t.mu.Unlock()
 	// The creation is shared: it must not fail because the first caller gave up.
@@ -309,7 +321,18 @@ func (w *Worker) fork(ctx context.Context, ver function.Version) (*instance, str
 		w.tmpl.mu.Lock()
 		ft.live++
 		ft.lastUsed = time.Now()
+		need := ver.MemoryMB + ft.live*forkChargeMB
+		raise := need > ft.limitMB
+		if raise {
+			ft.limitMB = need + 16*forkChargeMB // in steps, not on every fork
+		}
+		limit := ft.limitMB
 		w.tmpl.mu.Unlock()
+		if raise {
+			if err := ft.f.Sandbox().RaiseMemoryLimit(limit); err != nil {
+				w.log.Warn("raise function template memory limit", "fn", ver.Name, "err", err)
+			}
+		}
 		in := &instance{id: id, ver: ver, sb: sb, cl: cl, tmpl: ft}
 		start := function.StartWarm
 		if created {
