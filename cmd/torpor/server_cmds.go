@@ -73,6 +73,8 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 			"... until this much is available again (0 = 10% of the machine)")
 		f.IntVar(&cfg.SandboxMemoryMB, "sandbox-memory-mb", cfg.SandboxMemoryMB,
 			"cap on the memory of all of this worker's sandboxes together, in MB (0 = none)")
+		f.BoolVar(&cfg.KeepCgroupOptions, "keep-cgroup-options", cfg.KeepCgroupOptions,
+			"leave the host's cgroup2 mount options alone (by default the worker sets favordynmods, which makes moving processes between cgroups ~100x faster)")
 		f.StringVar(&cfg.CRIU, "criu", cfg.CRIU, "criu binary for snapshots; default: the one scripts/install-criu.sh set up (env TORPOR_CRIU)")
 		f.StringVar(&cfg.SnapshotCompression, "snapshot-compression", cfg.SnapshotCompression, "zstd, lz4 or none")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,

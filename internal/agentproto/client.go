@@ -88,7 +88,7 @@ func (c *Client) Handshake(ctx context.Context) (Hello, error) {
 	if h.Type != TypeHello {
 		return Hello{}, c.violation("handshake", "", "agent's first frame is %q, want %q", h.Type, TypeHello)
 	}
-	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid, Role: h.Role, WarmMS: h.WarmMS, InheritedSockets: h.InheritedSockets}
+	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid, Role: h.Role, WarmMS: h.WarmMS}
 	if h.V != Version {
 		c.broken = fmt.Errorf("handshake: %w: agent %s (pid %d) speaks v%d, this worker speaks v%d; deploy the agent from the same torpor build",
 			ErrVersionMismatch, h.Runtime, h.Pid, h.V, Version)

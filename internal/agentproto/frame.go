@@ -54,6 +54,7 @@ const (
 	TypeForkTemplate = "fork-template" // worker → runtime template; fds: socket, status pipe
 	TypeFork         = "fork"          // worker → function template; fd: socket
 	TypeForked       = "forked"        // template → worker: the child's pid in the template's PID namespace
+	TypeStarted      = "started"       // forked child → worker, after hello: set up (or init-error)
 
 	// Checkpoints (see docs/agent-protocol.md).
 	TypePrepareCheckpoint = "prepare-checkpoint" // worker → agent
@@ -93,8 +94,8 @@ type Header struct {
 	// "instance"; empty for an instance the worker started itself.
 	Role   string  `json:"role,omitempty"`
 	WarmMS float64 `json:"warm_ms,omitempty"` // runtime template: its warm-up time
-	// InheritedSockets counts the sockets, other than this one, that a
-	// forked instance found open: one or more retires its template.
+	// InheritedSockets (started) counts the sockets, other than this one,
+	// that a forked instance found open: one or more retires its template.
 	InheritedSockets int `json:"inherited_sockets,omitempty"`
 
 	// fork-template: the function template's sandbox, as JSON

@@ -24,10 +24,7 @@ type Hello struct {
 	Runtime string // language runtime and version, e.g. "python3.11.7"
 	Pid     int    // the agent's process id in its own pid namespace
 	Role    string // templates and forked instances: see Header.Role
-	// WarmMS is a runtime template's warm-up time; InheritedSockets what a
-	// forked instance found open besides its socket (see Header).
-	WarmMS           float64
-	InheritedSockets int
+	WarmMS  float64 // a runtime template's warm-up time
 	// HostPid is the agent's pid in the worker's PID namespace, from the
 	// kernel's credentials on the hello (HandshakeForked only).
 	HostPid int

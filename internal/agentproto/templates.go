@@ -85,8 +85,8 @@ func PrepareForkSocket(fd int) error {
 // (prepared with PrepareForkSocket), and returns a Client for it and the
 // hello, with HostPid set from the kernel's credentials — a forked agent
 // cannot know its own pid outside its namespace, and must not be trusted
-// to say. A child that failed to set up its sandbox answers init-error
-// instead; that comes back as an *InitError.
+// to say. The child says hello before it sets itself up, so that the
+// worker can move it into its cgroup meanwhile; Started waits for the rest.
 func HandshakeForked(ctx context.Context, conn *net.UnixConn) (*Client, Hello, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetReadDeadline(dl)
@@ -115,9 +115,30 @@ func HandshakeForked(ctx context.Context, conn *net.UnixConn) (*Client, Hello, e
 	case cr.pid <= 0:
 		return nil, Hello{}, fmt.Errorf("handshake with forked agent: no credentials on its hello (SO_PASSCRED not set?)")
 	}
-	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid, Role: h.Role, WarmMS: h.WarmMS,
-		InheritedSockets: h.InheritedSockets, HostPid: cr.pid}
+	hello := Hello{Version: h.V, Runtime: h.Runtime, Pid: h.Pid, Role: h.Role, WarmMS: h.WarmMS, HostPid: cr.pid}
 	return NewClient(conn), hello, nil
+}
+
+// Started waits for a forked child's started, which follows its hello once
+// it has set itself up: a function template has built its sandbox, an
+// instance reports the sockets it inherited besides its own. A function
+// template that failed answers init-error, returned as an *InitError.
+func (c *Client) Started(ctx context.Context) (inheritedSockets int, err error) {
+	const op = "started"
+	if err := c.lock(ctx, op, ""); err != nil {
+		return 0, err
+	}
+	defer c.unlock()
+	h, _, err := c.exchange(ctx, op, "", nil, nil, nil)
+	switch {
+	case err != nil:
+		return 0, err
+	case h.Type == TypeInitError && h.Error != nil:
+		return 0, &InitError{Err: *h.Error}
+	case h.Type != TypeStarted:
+		return 0, c.violation(op, "", "forked agent sent %q after hello, want %q", h.Type, TypeStarted)
+	}
+	return h.InheritedSockets, nil
 }
 
 // credReader reads from a Unix socket and keeps the sender's pid from the

@@ -115,7 +115,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			initPath = sandbox.FindInit(ctx, exe)
 		}
 		sbm, err := sandbox.NewManager(ctx, sandbox.Config{StateDir: filepath.Join(cfg.Home, "sandbox"), InitPath: initPath,
-			TotalMemoryMB: cfg.SandboxMemoryMB}, log.With("part", "sandbox"))
+			TotalMemoryMB: cfg.SandboxMemoryMB, KeepCgroupOptions: cfg.KeepCgroupOptions}, log.With("part", "sandbox"))
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}

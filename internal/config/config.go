@@ -56,6 +56,9 @@ type Config struct {
 	// SandboxMemoryMB caps the memory of all of a worker's sandboxes
 	// together (0: no cap of their own).
 	SandboxMemoryMB int
+	// KeepCgroupOptions: do not set favordynmods on the host's cgroup2
+	// mount (sandbox.Config.KeepCgroupOptions).
+	KeepCgroupOptions bool
 
 	// SnapshotStore is where snapshot images go: a directory or
 	// s3://bucket/prefix?endpoint=… (see blobopen); empty means

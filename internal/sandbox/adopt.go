@@ -31,9 +31,11 @@ func (m *Manager) Adopt(ctx context.Context, id string, pid int, l Limits) (*San
 		if err != nil {
 			return nil, fmt.Errorf("adopt pid %d: %w", pid, err)
 		}
-		cg, err := m.cg.create(id, probe.Limits)
-		if err != nil {
-			return nil, err
+		cg := m.pool.take(probe.Limits)
+		if cg == nil {
+			if cg, err = m.cg.create(id, probe.Limits); err != nil {
+				return nil, err
+			}
 		}
 		for _, f := range cg.procsFiles() {
 			if err := writeCgroupFile(f, strconv.Itoa(pid)); err != nil {

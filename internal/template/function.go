@@ -63,11 +63,6 @@ func (f *Function) Fork(ctx context.Context, id string, limits sandbox.Limits) (
 		f.exits.forget(nsPid)
 		return nil, nil, fmt.Errorf("instance %s forked from %s: %w", id, f.spec.ID, err)
 	}
-	if hello.InheritedSockets > 0 {
-		cl.Close() // the instance exits by itself
-		f.exits.forget(nsPid)
-		return nil, nil, fmt.Errorf("instance %s forked from %s found %d: %w", id, f.spec.ID, hello.InheritedSockets, ErrInheritedSockets)
-	}
 	sb, report, err := f.sb.Manager().Adopt(ctx, id, hello.HostPid, limits)
 	if err != nil {
 		cl.Close() // its end of the socket closes: the agent exits
@@ -75,6 +70,15 @@ func (f *Function) Fork(ctx context.Context, id string, limits sandbox.Limits) (
 		return nil, nil, fmt.Errorf("instance %s: %w", id, err)
 	}
 	f.exits.bind(nsPid, func(ws syscall.WaitStatus) { report(ws) })
+	n, err := cl.Started(ctx)
+	if err == nil && n > 0 {
+		err = fmt.Errorf("it found %d: %w", n, ErrInheritedSockets)
+	}
+	if err != nil {
+		cl.Close()
+		_ = sb.Destroy(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("instance %s forked from %s: %w", id, f.spec.ID, err)
+	}
 	return sb, cl, nil
 }
 

@@ -218,6 +218,10 @@ func (r *Runtime) ForkFunction(ctx context.Context, fs FunctionSpec) (*Function,
 		report(ws)
 		f.exits.closeAll() // its instances died with it (pid 1 of their namespace)
 	})
+	if _, err := cl.Started(ctx); err != nil {
+		_ = f.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("function template %s: %w", fs.ID, err)
+	}
 	return f, nil
 }
 

@@ -130,8 +130,8 @@ func fillMemory(p *api.ProcessInfo) {
 }
 
 // Drop stops the idle instances of a function (version 0: every version)
-// and, unless keepTemplates, its function templates. Busy instances finish
-// their calls.
+// and, unless keepTemplates, its function templates, and returns once they
+// have exited (at most 5 s). Busy instances finish their calls.
 func (w *Worker) Drop(name string, version int, keepTemplates bool) api.DropResult {
 	res := api.DropResult{Workers: 1}
 	match := func(v function.Version) bool { return v.Name == name && (version == 0 || v.Version == version) }
@@ -148,21 +148,32 @@ func (w *Worker) Drop(name string, version int, keepTemplates bool) api.DropResu
 		w.removeIdleLocked(in)
 	}
 	w.mu.Unlock()
+	var gone []<-chan struct{}
 	for _, in := range victims {
 		w.metrics.instances.WithLabelValues("idle").Dec()
 		w.retire(in)
+		gone = append(gone, in.sb.Done())
 	}
 	res.Instances = len(victims)
 	if !keepTemplates {
 		for _, ft := range w.tmpl.list() {
 			if match(ft.ver) {
 				w.tmpl.remove(ft)
+				gone = append(gone, ft.f.Done())
 				res.Templates++
 			}
 		}
 	}
 	if res.Instances > 0 || res.Templates > 0 {
 		w.notifyChanged()
+	}
+	timeout := time.After(5 * time.Second)
+	for _, d := range gone {
+		select {
+		case <-d:
+		case <-timeout:
+			return res
+		}
 	}
 	return res
 }

@@ -179,6 +179,7 @@ func (t *templates) create(ctx context.Context, rt *template.Runtime, ver functi
 	if _, err := w.codeDir(ctx, ver); err != nil {
 		return nil, nil, err
 	}
+	t0 := time.Now()
 	f, err := rt.ForkFunction(ctx, template.FunctionSpec{
 		ID: "t" + newInstanceID()[1:], Code: ver.CodeDigest, UID: ver.UID, GID: ver.UID,
 		Env: instanceEnv(ver), TmpMB: w.cfg.TmpMB, NoFile: 1024,
@@ -189,6 +190,7 @@ func (t *templates) create(ctx context.Context, rt *template.Runtime, ver functi
 		// imported only below): start instances alone.
 		return nil, nil, fmt.Errorf("%w: %v", errNoTemplate, err)
 	}
+	t1 := time.Now()
 	var logs []agentproto.LogRecord
 	_, err = f.Client().Init(ctx, agentproto.InitParams{
 		Function: ver.Name, Version: ver.Version, Handler: ver.Handler, MemoryMB: ver.MemoryMB,
@@ -202,6 +204,8 @@ func (t *templates) create(ctx context.Context, rt *template.Runtime, ver functi
 		}
 		return nil, nil, fmt.Errorf("%w: init of %s in its template: %v", errNoTemplate, ver.Name, err)
 	}
+	w.log.Debug("function template ready", "fn", ver.Name, "version", ver.Version, "pid", f.Pid(),
+		"fork_template", t1.Sub(t0), "import", time.Since(t1))
 	return f, logs, nil
 }
 
@@ -305,6 +309,7 @@ func (w *Worker) fork(ctx context.Context, ver function.Version) (*instance, str
 			return nil, "", err
 		}
 		id := newInstanceID()
+		t0 := time.Now()
 		sb, cl, err := ft.f.Fork(ctx, id, sandbox.Limits{MemoryMB: ver.MemoryMB, CPUShares: cpuShares(ver.MemoryMB), Pids: w.cfg.PidsLimit})
 		switch {
 		case errors.Is(err, template.ErrInheritedSockets):
@@ -333,6 +338,7 @@ func (w *Worker) fork(ctx context.Context, ver function.Version) (*instance, str
 				w.log.Warn("raise function template memory limit", "fn", ver.Name, "err", err)
 			}
 		}
+		w.log.Debug("instance forked", "fn", ver.Name, "instance", id, "pid", sb.Pid(), "took", time.Since(t0))
 		in := &instance{id: id, ver: ver, sb: sb, cl: cl, tmpl: ft}
 		start := function.StartWarm
 		if created {

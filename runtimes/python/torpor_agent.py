@@ -932,9 +932,20 @@ def _report_exits(signum=None, frame=None):
             pass
 
 
-def _template_loop(handlers):
-    """Serve a template's requests: handlers maps a type to f(h, fds) -> reply."""
+def _template_loop(handlers, idle=None):
+    """Serve a template's requests: handlers maps a type to f(h, fds) ->
+    reply. idle, when given, is (pending, step): whenever pending() and no
+    request has come for _IDLE_WAIT_MS, step() does one unit of background
+    work — off the path of the request just answered."""
+    poller = None
+    if idle is not None:
+        import select
+
+        poller = select.poll()
+        poller.register(_fd, select.POLLIN)
     while True:
+        while poller is not None and idle[0]() and not poller.poll(_IDLE_WAIT_MS):
+            idle[1]()
         try:
             h, _, fds = _recv_frame_fds()
         except (EOFError, ConnectionResetError):
@@ -963,8 +974,6 @@ def _template_loop(handlers):
                     pass
         reply["id"] = cid
         _send(reply)
-        while _after_reply:
-            _after_reply.pop(0)()
 
 
 def _warm_up():
@@ -1029,14 +1038,17 @@ def _runtime_template_main():
     signal.signal(signal.SIGCHLD, _report_exits)
     _refill_spares()
     _hello(',"role":"runtime-template","warm_ms":%.3f' % ((_perf() - t0) * 1000.0))
-    _template_loop({"fork-template": _on_fork_template})
+    _template_loop({"fork-template": _on_fork_template},
+                   (_spares_short, _refill_one))
 
 
 # Spare sandboxes: the namespaces of a function template cost milliseconds
 # to create (a network namespace most), so the runtime template keeps a few
 # made in advance — forked, unshared, with /proc and loopback up — each
 # waiting on a socket of its own for the function it will become. A
-# fork-template takes one and makes its replacement after replying.
+# fork-template takes one; the replacement is made once no request has
+# come for _IDLE_WAIT_MS, so that it does not compete for the CPU with the
+# cold start that took the spare (importing, forking the first instance).
 _spares = []  # [(pid, socket to it)], oldest first
 _spare_count = 2
 _own_network = True
@@ -1064,20 +1076,31 @@ def _on_fork_template(h, fds):
             sk.close()  # that spare died: take the next
             continue
         sk.close()
-        _after_reply.append(_refill_spares)
         return {"type": "forked", "pid": pid}
 
 
-_after_reply = []  # run by _template_loop once the reply is sent
+_IDLE_WAIT_MS = 25
+
+
+_spare_retry_at = 0.0  # after a failure, no new spare before this (perf_counter)
+
+
+def _spares_short():
+    return len(_spares) < _spare_count and _perf() >= _spare_retry_at
+
+
+def _refill_one():
+    global _spare_retry_at
+    try:
+        _make_spare()
+    except _Fault as f:
+        _diag_print("cannot make a spare sandbox (retrying in 5 s): %s" % f.as_dict().get("errorMessage"))
+        _spare_retry_at = _perf() + 5.0
 
 
 def _refill_spares():
-    while len(_spares) < _spare_count:
-        try:
-            _make_spare()
-        except _Fault as f:
-            _diag_print("cannot make a spare sandbox: %s" % f.as_dict().get("errorMessage"))
-            return
+    while _spares_short():
+        _refill_one()
 
 
 def _make_spare():
@@ -1168,11 +1191,14 @@ def _become_function_template(cfg, fds):
     import signal
 
     _template_fork = _in_child = False
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _fd, _status_fd = fds
+    _rbuf, _sock, _role = b"", None, "function-template"
+    # Hello first: the worker moves this process into the template's
+    # cgroup while it builds the sandbox; started says it is done.
+    _hello(',"role":"function-template"')
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.set_inheritable(_fd, False)
     os.set_inheritable(_status_fd, False)
-    _rbuf, _sock, _role = b"", None, "function-template"
     try:
         _enter_sandbox(cfg)
     except BaseException as e:
@@ -1182,8 +1208,8 @@ def _become_function_template(cfg, fds):
         finally:
             os._exit(126)
     _capture_std()
-    _hello(',"role":"function-template"')
     _start_pump()
+    _send({"type": "started"})
     _serve(False)
 
 
@@ -1313,10 +1339,10 @@ def _function_template_main():
     _null_stdio()  # nobody reads the capture pipes any more
     import gc
 
-    # Everything the import made is shared with every fork: a full
-    # collection now, then keep the collector off those pages (each pass
-    # would write to them, copying them into every instance).
-    gc.collect()
+    # Everything the import made is shared with every fork: keep the
+    # collector off those pages (each pass would write to them, copying
+    # them into every instance). No collection first: it would delay the
+    # first fork by a millisecond for the little garbage an import leaves.
     gc.freeze()
     signal.signal(signal.SIGCHLD, _report_exits)
     _template_loop({"fork": _on_fork})
@@ -1356,15 +1382,18 @@ def _reseed():
 
 
 def _become_instance(sock_fd):
-    """In a fresh fork of the function template: take the new socket,
-    reseed, check no socket was inherited, capture output, say hello."""
+    """In a fresh fork of the function template: say hello at once (the
+    worker moves this process into its own cgroup meanwhile), then take the
+    new socket, reseed, capture output, check no socket was inherited and
+    report that with started."""
     global _fd, _rbuf, _sock, _role, _status_fd, _pipes, _diag, _template_fork, _in_child
     import signal
 
     _template_fork = _in_child = False
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     old = (_fd, _status_fd, _wake_r, _wake_w, _diag) + tuple(fd for fd, _ in _pipes)
     _fd, _rbuf, _role = sock_fd, b"", "instance"
+    _hello(',"role":"instance"')
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.set_inheritable(_fd, False)
     if _sock is not None:
         try:
@@ -1384,7 +1413,7 @@ def _become_instance(sock_fd):
     _reseed()
     _capture_std()
     inherited = _open_sockets()
-    _hello(',"role":"instance","inherited_sockets":%d' % len(inherited))
+    _send({"type": "started", "inherited_sockets": len(inherited)})
     if inherited:
         os._exit(3)  # the worker reads the count and retires the template
     _start_pump()
