@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor-dev/torpor/api"
+	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/internal/testenv"
@@ -212,5 +215,26 @@ func TestManyForksOfOneTemplate(t *testing.T) {
 	}
 	if templates != 1 {
 		t.Errorf("%d templates of the function after the burst, want the one it started with", templates)
+	}
+}
+
+// TestSnapshotOfForkedInstanceRefused: a forked instance shares its
+// template's PID namespace and cannot be checkpointed alone; asking for it
+// by call is refused with the reason and what to do, and a snapshot of the
+// function (a standalone instance) still works.
+func TestSnapshotOfForkedInstanceRefused(t *testing.T) {
+	n := newCluster(t, nil).node(t, "w1")
+	n.deploy(t, "forked", "def handler(e, c):\n    return 1\n", 128)
+	n.w.Drop("forked", 0, true)
+	res := n.call(t, "forked", "{}")
+	if res.Start != function.StartWarm {
+		t.Fatalf("call started %s, want warm", res.Start)
+	}
+	_, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "forked", Call: res.CallID})
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "forked from its function template") {
+		t.Fatalf("snapshot of a forked instance's call: %v", err)
+	}
+	if _, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "forked"}); err != nil {
+		t.Fatalf("snapshot of the function: %v", err)
 	}
 }

@@ -40,6 +40,8 @@ const StartBudget = 30 * time.Second
 type Local interface {
 	// HasIdle reports whether an idle instance of the version is parked here.
 	HasIdle(name string, version int) bool
+	// ID is the worker's id, as in the worker directory.
+	ID() string
 	// Serve runs a call as a NATS-delivered one would be run.
 	Serve(ctx context.Context, req function.InvokeRequest) (function.InvokeResult, error)
 }
@@ -198,7 +200,8 @@ func (d *Dispatcher) resolve(req *function.InvokeRequest) (function.Version, err
 // Invoke implements gateway.Backend. A call goes, in order of preference,
 // to this process's worker when it holds an idle instance of the version;
 // to the worker the directory says holds one, or a template of it (see
-// choose); to any worker, through the queue group.
+// choose), served in-process when that is this process's worker; to any
+// worker, through the queue group.
 func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (function.InvokeResult, error) {
 	ver, err := d.resolve(&req)
 	if err != nil {
@@ -211,6 +214,13 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	}
 	if d.dir != nil {
 		if worker, done := d.dir.place(ver.Name, ver.Version); worker != "" {
+			if d.local != nil && worker == d.local.ID() {
+				// Placed on this process's worker (its template, say):
+				// no round trip through NATS.
+				res, err := d.local.Serve(ctx, req)
+				done(err == nil && res.Err == nil)
+				return res, err
+			}
 			reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.InvokeWorkerSubject(worker, req.Function), req))
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):

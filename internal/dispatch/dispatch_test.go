@@ -418,6 +418,8 @@ type fakeLocal struct {
 	err    error
 }
 
+func (f *fakeLocal) ID() string { return "local" }
+
 func (f *fakeLocal) HasIdle(name string, version int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()

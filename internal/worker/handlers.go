@@ -51,6 +51,9 @@ func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res fun
 	return res, err
 }
 
+// ID implements dispatch.Local.
+func (w *Worker) ID() string { return w.cfg.ID }
+
 // HasIdle implements dispatch.Local.
 func (w *Worker) HasIdle(name string, version int) bool {
 	w.mu.Lock()

@@ -252,11 +252,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: async consumer: %w", err)
 	}
-	w.wg.Add(3)
+	w.wg.Add(4)
 	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
 	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
 	go func() { defer w.wg.Done(); w.reclaimer(loopCtx) }()
-	w.wg.Add(1)
 	go func() { defer w.wg.Done(); w.publishLoop(loopCtx) }()
 	// The templates outlive the loops: running calls' instances are
 	// their children. Close stops them last.

@@ -1079,7 +1079,7 @@ def _on_fork_template(h, fds):
         return {"type": "forked", "pid": pid}
 
 
-_IDLE_WAIT_MS = 25
+_IDLE_WAIT_MS = 3
 
 
 _spare_retry_at = 0.0  # after a failure, no new spare before this (perf_counter)
