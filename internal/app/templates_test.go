@@ -25,10 +25,17 @@ func templateNode(t *testing.T, opts ...nodeOption) node {
 	requireRoot(t)
 	testenv.Python(t)
 	n := newNode(t, testenv.Bus(t), nil, nil, "w1", opts...)
+	n.waitRuntimeTemplate(t)
+	return n
+}
+
+// waitRuntimeTemplate waits until the node's runtime template is up (until
+// then, instances start standalone).
+func (n node) waitRuntimeTemplate(t *testing.T) {
+	t.Helper()
 	testenv.Eventually(t, 10*time.Second, "runtime template up", func() bool {
 		return len(n.w.Info().Templates) > 0
 	})
-	return n
 }
 
 func (n node) call(t *testing.T, fn, event string) function.InvokeResult {
@@ -224,6 +231,7 @@ func TestManyForksOfOneTemplate(t *testing.T) {
 // function (a standalone instance) still works.
 func TestSnapshotOfForkedInstanceRefused(t *testing.T) {
 	n := newCluster(t, nil).node(t, "w1")
+	n.waitRuntimeTemplate(t)
 	n.deploy(t, "forked", "def handler(e, c):\n    return 1\n", 128)
 	n.w.Drop("forked", 0, true)
 	res := n.call(t, "forked", "{}")
