@@ -2,9 +2,6 @@ package worker
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strings"
 	"time"
 )
 
@@ -44,13 +41,8 @@ func (w *Worker) reclaimer(ctx context.Context) {
 func (w *Worker) reclaim(ctx context.Context, needMB int) (instances, templates int) {
 	need := int64(needMB) << 20
 	w.mu.Lock()
-	var idle []*instance
-	for _, l := range w.idle {
-		idle = append(idle, l...)
-	}
-	byLRU(idle)
 	var victims []*instance
-	for _, in := range idle {
+	for _, in := range w.idleByLRULocked() {
 		if need <= 0 {
 			break
 		}
@@ -110,7 +102,7 @@ func (w *Worker) reclaim(ctx context.Context, needMB int) (instances, templates 
 // host's available memory, or what is left below the sandboxes' own limit
 // (sandbox.Config.TotalMemoryMB) when that is less.
 func (w *Worker) availableMB() (int, error) {
-	avail, err := memAvailableMB()
+	avail, err := meminfoMB("MemAvailable")
 	if err != nil {
 		return 0, err
 	}
@@ -120,17 +112,3 @@ func (w *Worker) availableMB() (int, error) {
 	return avail, nil
 }
 
-// memAvailableMB reads MemAvailable from /proc/meminfo.
-func memAvailableMB() (int, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		var kb int
-		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
-			return kb / 1024, nil
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
-}

@@ -105,16 +105,25 @@ func (c *Config) defaults() {
 
 // totalMemoryMB reads MemTotal from /proc/meminfo (4 GB if unreadable).
 func totalMemoryMB() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err == nil {
-		var kb int64
-		for _, line := range strings.Split(string(b), "\n") {
-			if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
-				return kb / 1024
-			}
-		}
+	if mb, err := meminfoMB("MemTotal"); err == nil {
+		return int64(mb)
 	}
 	return 4096
+}
+
+// meminfoMB reads one field of /proc/meminfo, in MB.
+func meminfoMB(field string) (int, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int
+		if _, err := fmt.Sscanf(line, field+": %d kB", &kb); err == nil {
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/meminfo", field)
 }
 
 // Worker runs calls on sandboxed instances.
@@ -460,13 +469,8 @@ func (w *Worker) evictIdleLocked(need int) []*instance {
 	if need <= 0 {
 		return nil
 	}
-	var all []*instance
-	for _, l := range w.idle {
-		all = append(all, l...)
-	}
-	byLRU(all)
 	var victims []*instance
-	for _, in := range all {
+	for _, in := range w.idleByLRULocked() {
 		if need <= 0 {
 			break
 		}
@@ -494,6 +498,17 @@ func (w *Worker) removeIdleLocked(in *instance) {
 		w.idle[key] = list
 	}
 	w.notifyChangedLocked()
+}
+
+// idleByLRULocked lists the idle instances, least recently used first
+// (w.mu held).
+func (w *Worker) idleByLRULocked() []*instance {
+	var all []*instance
+	for _, l := range w.idle {
+		all = append(all, l...)
+	}
+	byLRU(all)
+	return all
 }
 
 // byLRU sorts instances least recently used first.
