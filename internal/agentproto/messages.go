@@ -20,10 +20,10 @@ var ErrVersionMismatch = errors.New("agent protocol version mismatch")
 
 // Hello is what an agent announces when it starts.
 type Hello struct {
-	Version int    // protocol major version
-	Runtime string // language runtime and version, e.g. "python3.11.7"
-	Pid     int    // the agent's process id in its own pid namespace
-	Role    string // templates and forked instances: see Header.Role
+	Version int     // protocol major version
+	Runtime string  // language runtime and version, e.g. "python3.11.7"
+	Pid     int     // the agent's process id in its own pid namespace
+	Role    string  // templates and forked instances: see Header.Role
 	WarmMS  float64 // a runtime template's warm-up time
 	// HostPid is the agent's pid in the worker's PID namespace, from the
 	// kernel's credentials on the hello (HandshakeForked only).

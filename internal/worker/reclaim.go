@@ -111,4 +111,3 @@ func (w *Worker) availableMB() (int, error) {
 	}
 	return avail, nil
 }
-
