@@ -205,7 +205,7 @@ func Bursts(ctx context.Context, opts BurstsOptions, out io.Writer) (*BurstsRepo
 		return nil, err
 	}
 	defer base.Close()
-	b := &burstsRun{opts: opts, hc: newHTTPClient(opts.BurstSize + 32), out: out}
+	b := &burstsRun{opts: opts, hc: newHTTPClient(2*opts.BurstSize + 64), out: out}
 	defer b.hc.CloseIdleConnections()
 
 	if _, err := p.deploy(ctx, burstsSleepFunction, sleepCode); err != nil {

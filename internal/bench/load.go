@@ -33,14 +33,17 @@ type callResult struct {
 }
 
 // newHTTPClient returns the one client every series is measured with:
-// keep-alive connections (enough idle ones per host for conc parallel
-// calls), no proxy (it would be measured too), no compression, HTTP/1.1.
+// keep-alive connections, at most conc of them (a closed loop of conc
+// clients; without the cap a request can dial a new connection while the
+// previous response's connection is still on its way back to the pool),
+// no proxy (it would be measured too), no compression, HTTP/1.1.
 func newHTTPClient(conc int) *http.Client {
 	tr := &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        0,
 		MaxIdleConnsPerHost: conc + 4,
+		MaxConnsPerHost:     conc,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,

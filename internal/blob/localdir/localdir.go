@@ -193,6 +193,10 @@ func (d *Dir) rename(tmp, dst string) error {
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, syscall.EEXIST) && !fileOnPath(dir) && attempt < maxRenameAttempts:
+			// MkdirAll's mkdir found a directory that a concurrent
+			// Delete removed before MkdirAll could check it: try again.
+			continue
 		case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EEXIST):
 			// MkdirAll met a file where a directory must be.
 			return fmt.Errorf("%w: another object's key is a parent path of this one (%v)", errdefs.ErrConflict, err)
@@ -202,6 +206,19 @@ func (d *Dir) rename(tmp, dst string) error {
 			continue
 		default:
 			return err
+		}
+	}
+}
+
+// fileOnPath reports whether dir or one of its parents is something other
+// than a directory (an object whose key is a parent path of dir's).
+func fileOnPath(dir string) bool {
+	for p := dir; ; p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && !fi.IsDir() {
+			return true
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return false
 		}
 	}
 }
