@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,8 +64,7 @@ const sleepCode = "import time\n\ndef handler(e, c):\n    time.sleep(0.05)\n    
 type platform struct {
 	endpoint string
 	auth     string // "Bearer <token>", or "" for none
-	cli      *client.Client
-	hc       *http.Client // control requests; never the measured client
+	cli      *client.Client // control requests; never the measured client
 }
 
 func newPlatform(endpoint, token string) (*platform, error) {
@@ -76,7 +73,7 @@ func newPlatform(endpoint, token string) (*platform, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &platform{endpoint: endpoint, cli: c, hc: hc}
+	p := &platform{endpoint: endpoint, cli: c}
 	if token != "" {
 		p.auth = "Bearer " + token
 	}
@@ -153,12 +150,8 @@ func (p *platform) removeAll(ctx context.Context, names []string) error {
 // keepTemplates, its function templates: the next call takes the warm
 // path (templates kept) or the cold one.
 func (p *platform) drop(ctx context.Context, name string, keepTemplates bool) (api.DropResult, error) {
-	var res api.DropResult
-	q := url.Values{}
-	if keepTemplates {
-		q.Set("keep_templates", "true")
-	}
-	if err := p.doJSON(ctx, http.MethodDelete, "/v1/functions/"+name+"/instances", q, &res); err != nil {
+	res, err := p.cli.DropInstances(ctx, name, 0, keepTemplates)
+	if err != nil {
 		return res, err
 	}
 	if res.Workers == 0 {
@@ -171,16 +164,12 @@ func (p *platform) drop(ctx context.Context, name string, keepTemplates bool) (a
 
 // workers lists the workers that reported lately.
 func (p *platform) workers(ctx context.Context) ([]api.WorkerSummary, error) {
-	var l api.WorkerList
-	err := p.doJSON(ctx, http.MethodGet, "/v1/workers", nil, &l)
-	return l.Workers, err
+	return p.cli.Workers(ctx)
 }
 
 // worker returns one worker's processes and their memory.
 func (p *platform) worker(ctx context.Context, id string) (api.WorkerInfo, error) {
-	var info api.WorkerInfo
-	err := p.doJSON(ctx, http.MethodGet, "/v1/workers/"+url.PathEscape(id), nil, &info)
-	return info, err
+	return p.cli.Worker(ctx, id)
 }
 
 // allWorkers returns the details of every worker, in the order listed.
@@ -201,68 +190,6 @@ func (p *platform) allWorkers(ctx context.Context) ([]api.WorkerInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
-}
-
-// doJSON makes a control request (routes the typed client does not have)
-// and decodes a 2xx answer into out. An error answer becomes a
-// *client.APIError, so errors.Is matches its errdefs class.
-func (p *platform) doJSON(ctx context.Context, method, path string, q url.Values, out any) error {
-	u := p.endpoint + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, nil)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if p.auth != "" {
-		req.Header.Set("Authorization", p.auth)
-	}
-	resp, err := p.hc.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return &client.ConnError{Endpoint: p.endpoint, Err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("%s %s: read the answer: %w", method, path, err)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return controlError(method, path, p.endpoint, resp.StatusCode, body, p.auth != "")
-	}
-	if err := json.Unmarshal(body, out); err != nil {
-		return fmt.Errorf("%s %s: decode the answer of %s: %w", method, path, p.endpoint, err)
-	}
-	return nil
-}
-
-// controlError turns an error answer into a *client.APIError (or an
-// *client.AuthError for 401) whose message says what to do.
-func controlError(method, path, endpoint string, status int, body []byte, tokenSent bool) error {
-	e := &client.APIError{StatusCode: status}
-	var ae api.Error
-	if json.Unmarshal(body, &ae) == nil && ae.Message != "" {
-		e.Code, e.Message = ae.Code, ae.Message
-	} else {
-		e.Message = fmt.Sprintf("%s (HTTP %d)", clip(body), status)
-	}
-	switch status {
-	case http.StatusUnauthorized:
-		return &client.AuthError{Endpoint: endpoint, TokenSent: tokenSent, Err: e}
-	case http.StatusNotFound, http.StatusMethodNotAllowed:
-		// The gateway answers an unknown route "no route for ..." (or 405):
-		// an older torpor, not an unknown function.
-		if status == http.StatusMethodNotAllowed || e.Code != api.CodeNotFound || strings.HasPrefix(e.Message, "no route") {
-			e.Message = fmt.Sprintf("%s %s: %s: this torpor does not serve the route: run a torpor built from the same tree as this benchmark", method, path, e.Message)
-			return e
-		}
-	}
-	e.Message = method + " " + path + ": " + e.Message
-	return e
 }
 
 // refused reports whether err is torpor declining work for want of room

@@ -122,7 +122,7 @@ func TestStartsErrors(t *testing.T) {
 	}{
 		{"no endpoint", StartsOptions{}, errdefs.ErrInvalid, "pass --endpoint"},
 		{"bad samples", StartsOptions{PlatformOptions: PlatformOptions{Endpoint: old}, Samples: -1}, errdefs.ErrInvalid, "--samples"},
-		{"older torpor", StartsOptions{PlatformOptions: PlatformOptions{Endpoint: old}, Calls: 2, Samples: 2, Warmup: -1}, errdefs.ErrNotFound, "does not serve the route"},
+		{"older torpor", StartsOptions{PlatformOptions: PlatformOptions{Endpoint: old}, Calls: 2, Samples: 2, Warmup: -1}, errdefs.ErrNotFound, "no route for DELETE"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
