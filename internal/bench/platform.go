@@ -63,7 +63,7 @@ const sleepCode = "import time\n\ndef handler(e, c):\n    time.sleep(0.05)\n    
 // platform is a running torpor, driven through its public HTTP API only.
 type platform struct {
 	endpoint string
-	auth     string // "Bearer <token>", or "" for none
+	auth     string         // "Bearer <token>", or "" for none
 	cli      *client.Client // control requests; never the measured client
 }
 
