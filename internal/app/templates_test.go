@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -244,5 +245,53 @@ func TestSnapshotOfForkedInstanceRefused(t *testing.T) {
 	}
 	if _, err := n.w.Snapshot(testenv.Ctx(t), api.SnapshotCreate{Function: "forked"}); err != nil {
 		t.Fatalf("snapshot of the function: %v", err)
+	}
+}
+
+// TestTemplatesDie: a function template that dies (killed, OOM) is replaced
+// on the next start, and a runtime template that dies is restarted — while
+// it is down instances start standalone. No call fails either way.
+func TestTemplatesDie(t *testing.T) {
+	n := templateNode(t)
+	n.deploy(t, "phoenix", "def handler(e, c):\n    return 1\n", 128)
+	n.w.Drop("phoenix", 0, true)
+	if got := n.call(t, "phoenix", "{}").Start; got != function.StartWarm {
+		t.Fatalf("call started %s, want warm", got)
+	}
+	pid := func(kind string) int {
+		for _, p := range n.w.Info().Templates {
+			if p.Kind == kind {
+				return p.Pid
+			}
+		}
+		return 0
+	}
+	// The function template dies: the next fork notices and makes a new one.
+	if err := syscall.Kill(pid("function-template"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	n.w.Drop("phoenix", 0, true)
+	if got := n.call(t, "phoenix", "{}").Start; got != function.StartCold {
+		t.Errorf("call after its template died started %s, want cold (a new template)", got)
+	}
+	// The runtime template dies: calls keep working, and it comes back.
+	old := pid("runtime-template")
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		n.w.Drop("phoenix", 0, false)
+		n.call(t, "phoenix", "{}")
+	}
+	testenv.Eventually(t, 30*time.Second, "runtime template restarted", func() bool {
+		p := pid("runtime-template")
+		return p != 0 && p != old
+	})
+	n.w.Drop("phoenix", 0, false)
+	if got := n.call(t, "phoenix", "{}").Start; got != function.StartCold {
+		t.Errorf("call after the restart started %s, want cold", got)
+	}
+	if got := n.call(t, "phoenix", `{"again": 1}`).Start; got != function.StartHot {
+		t.Errorf("next call started %s, want hot", got)
 	}
 }
