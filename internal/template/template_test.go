@@ -213,9 +213,9 @@ func TestForkLineage(t *testing.T) {
 	}
 }
 
-// BenchmarkFork measures the two fork paths without HTTP: a warm start
-// (fork an instance from the function template, call it, stop it) and a
-// cold one (fork a function template from the runtime template, import
+// BenchmarkFork measures the fork paths without HTTP: a warm start (fork
+// an instance from the function template, call it, stop it), on request or
+// from a child forked in advance, and a cold one (fork a function template from the runtime template, import
 // the code, fork an instance, call it, stop both).
 func BenchmarkFork(b *testing.B) {
 	rt, fs := stack(b, "def handler(e, c):\n    return {}\n")
@@ -227,26 +227,35 @@ func BenchmarkFork(b *testing.B) {
 		}
 	}
 	lim := sandbox.Limits{MemoryMB: 128, Pids: 32}
-	b.Run("warm", func(b *testing.B) {
-		fn, err := rt.ForkFunction(ctx, fs)
-		if err != nil {
-			b.Fatal(err)
-		}
-		initFn(fn)
-		defer fn.Close(ctx)
-		b.ResetTimer()
-		for i := range b.N {
-			sb, cl, err := fn.Fork(ctx, fmt.Sprintf("i-bench-%d", i), lim)
+	// warm: back to back, every fork made on request; warm-idle: 20 ms
+	// between calls, so the template has its next child forked in advance.
+	for _, bc := range []struct {
+		name string
+		idle time.Duration
+	}{{"warm", 0}, {"warm-idle", 20 * time.Millisecond}} {
+		b.Run(bc.name, func(b *testing.B) {
+			fn, err := rt.ForkFunction(ctx, fs)
 			if err != nil {
 				b.Fatal(err)
 			}
-			invoke(b, cl, "{}")
-			b.StopTimer()
-			cl.Close()
-			_ = sb.Destroy(ctx)
-			b.StartTimer()
-		}
-	})
+			initFn(fn)
+			defer fn.Close(ctx)
+			b.ResetTimer()
+			for i := range b.N {
+				sb, cl, err := fn.Fork(ctx, fmt.Sprintf("i-bench-%s-%d", bc.name, i), lim)
+				if err != nil {
+					b.Fatal(err)
+				}
+				invoke(b, cl, "{}")
+				b.StopTimer()
+				cl.Close()
+				_ = sb.Destroy(ctx)
+				time.Sleep(bc.idle)
+				b.StartTimer()
+			}
+		})
+		fs.ID += "x"
+	}
 	b.Run("cold", func(b *testing.B) {
 		for i := range b.N {
 			fs.ID = fmt.Sprintf("t-bench-%d", i)

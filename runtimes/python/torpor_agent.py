@@ -917,8 +917,13 @@ def _recv_frame_fds():
     return h, body, fds
 
 
+_handed = set()  # children the worker was told about (forked replies)
+
+
 def _report_exits(signum=None, frame=None):
-    """SIGCHLD: reap every exited child and report it on the status pipe."""
+    """SIGCHLD: reap every exited child and report those the worker knows
+    (not pre-forked children never handed out, nor reparented orphans) on
+    the status pipe."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -926,6 +931,9 @@ def _report_exits(signum=None, frame=None):
             return
         if pid == 0:
             return
+        if pid not in _handed:
+            continue
+        _handed.discard(pid)
         try:
             os.write(_status_fd, b"%d %d\n" % (pid, status))
         except OSError:
@@ -934,9 +942,9 @@ def _report_exits(signum=None, frame=None):
 
 def _template_loop(handlers, idle=None):
     """Serve a template's requests: handlers maps a type to f(h, fds) ->
-    reply. idle, when given, is (pending, step): whenever pending() and no
-    request has come for _IDLE_WAIT_MS, step() does one unit of background
-    work — off the path of the request just answered."""
+    reply. idle, when given, is (due, step): due() returns in how many ms
+    background work is due (None: none), and once that long has passed with
+    no request, step() does one unit of it — off the path of the requests."""
     poller = None
     if idle is not None:
         import select
@@ -944,7 +952,10 @@ def _template_loop(handlers, idle=None):
         poller = select.poll()
         poller.register(_fd, select.POLLIN)
     while True:
-        while poller is not None and idle[0]() and not poller.poll(_IDLE_WAIT_MS):
+        while poller is not None:
+            wait = idle[0]()
+            if wait is None or poller.poll(wait):
+                break
             idle[1]()
         try:
             h, _, fds = _recv_frame_fds()
@@ -1039,7 +1050,7 @@ def _runtime_template_main():
     _refill_spares()
     _hello(',"role":"runtime-template","warm_ms":%.3f' % ((_perf() - t0) * 1000.0))
     _template_loop({"fork-template": _on_fork_template},
-                   (_spares_short, _refill_one))
+                   (lambda: _IDLE_WAIT_MS if _spares_short() else None, _refill_one))
 
 
 # Spare sandboxes: the namespaces of a function template cost milliseconds
@@ -1076,6 +1087,7 @@ def _on_fork_template(h, fds):
             sk.close()  # that spare died: take the next
             continue
         sk.close()
+        _handed.add(pid)
         return {"type": "forked", "pid": pid}
 
 
@@ -1309,14 +1321,14 @@ def _null_stdio():
     os.close(null)
 
 
-def _open_sockets():
-    """Descriptors of this process that are sockets, other than the control socket."""
+def _open_sockets(keep):
+    """Descriptors of this process that are sockets, other than keep."""
     import stat
 
     out = []
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd == _fd:
+        if fd == keep:
             continue
         try:
             if stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -1328,7 +1340,7 @@ def _open_sockets():
 
 def _function_template_main():
     """The function's code is loaded: stop the log thread and fork instances."""
-    global _pump_stop, _status_fd
+    global _pump_stop, _last_fork
     import signal
 
     _pump_stop = True
@@ -1345,21 +1357,96 @@ def _function_template_main():
     # first fork by a millisecond for the little garbage an import leaves.
     gc.freeze()
     signal.signal(signal.SIGCHLD, _report_exits)
-    _template_loop({"fork": _on_fork})
+    _last_fork = _perf()  # in use from the start: it is about to fork
+    _template_loop({"fork": _on_fork}, (_ready_due, _ready_step))
+
+
+# A function template in use keeps its next instance forked in advance
+# (SEUSS's anticipatory optimisation, one level down): the child has done
+# the fork and its copy-on-write start-up and waits for its socket, so a
+# warm start only hands it over. It is made once the template has been idle
+# for _IDLE_WAIT_MS after a fork, and stopped once the template has gone
+# _READY_IDLE_S without one, so that idle templates keep no extra process.
+_ready = None  # (pid, socket to it)
+_last_fork = 0.0
+_READY_IDLE_S = 10.0
+
+
+def _ready_due():
+    idle = _perf() - _last_fork
+    if _ready is None:
+        return _IDLE_WAIT_MS if idle < _READY_IDLE_S else None
+    return max(int((_READY_IDLE_S - idle) * 1000.0), 0) + 1
+
+
+def _ready_step():
+    global _ready
+    if _ready is not None:  # unused for _READY_IDLE_S: stop it
+        _ready[1].close()  # it sees EOF and exits; never reported
+        _ready = None
+    elif _perf() - _last_fork < _READY_IDLE_S:
+        _ready = _prefork()
+
+
+def _fork_child():
+    global _template_fork
+    _template_fork = True
+    try:
+        return os.fork()
+    finally:
+        _template_fork = False
+
+
+def _prefork():
+    global _fd, _rbuf, _role
+    import socket
+
+    mine, theirs = socket.socketpair()
+    pid = _fork_child()
+    if pid == 0:
+        mine.close()
+        # All of an instance's start-up that needs no socket happens now,
+        # ahead of the request; the check for inherited sockets too (this
+        # process's descriptors are fixed from the fork on).
+        inherited = _prepare_instance(_fd, theirs.fileno())
+        _fd = -1
+        try:
+            _, fds, _, _ = socket.recv_fds(theirs, 1, 1)
+        except OSError:
+            fds = []
+        if not fds:
+            os._exit(0)  # the template let it go
+        theirs.close()
+        _fd, _rbuf, _role = fds[0], b"", "instance"
+        _hello(',"role":"instance"')
+        _start_instance(inherited)  # never returns
+    theirs.close()
+    return pid, mine
 
 
 def _on_fork(h, fds):
-    """Fork an instance that talks on the socket sent with the request."""
-    global _template_fork
+    """Hand the socket sent with the request to the child forked in
+    advance, or fork one now."""
+    global _ready, _last_fork
+    import socket
+
     if len(fds) != 1:
         raise _Fault("Protocol.InvalidMessage", "fork needs exactly one descriptor, the instance's socket")
-    _template_fork = True
-    try:
-        pid = os.fork()
-    finally:
-        _template_fork = False
+    _last_fork = _perf()
+    pid = 0
+    if _ready is not None:
+        pid, sk = _ready
+        _ready = None
+        try:
+            socket.send_fds(sk, [b"s"], fds)
+        except OSError:
+            pid = 0  # it died: fork one now
+        sk.close()
     if pid == 0:
-        _become_instance(fds[0])  # never returns
+        pid = _fork_child()
+        if pid == 0:
+            _become_instance(fds[0])  # never returns
+    _handed.add(pid)
     return {"type": "forked", "pid": pid}
 
 
@@ -1382,19 +1469,26 @@ def _reseed():
 
 
 def _become_instance(sock_fd):
-    """In a fresh fork of the function template: say hello at once (the
-    worker moves this process into its own cgroup meanwhile), then take the
-    new socket, reseed, capture output, check no socket was inherited and
-    report that with started."""
-    global _fd, _rbuf, _sock, _role, _status_fd, _pipes, _diag, _template_fork, _in_child
+    """In a child forked on request: say hello at once (the worker moves
+    this process into its own cgroup meanwhile), set up, report started."""
+    global _fd, _rbuf, _role
+    template_fd = _fd
+    _fd, _rbuf, _role = sock_fd, b"", "instance"
+    _hello(',"role":"instance"')
+    inherited = _prepare_instance(template_fd, sock_fd)
+    _start_instance(inherited)
+
+
+def _prepare_instance(template_fd, keep):
+    """What a new instance does that needs no socket of its own: drop the
+    template's descriptors (template_fd its socket), reseed, capture output.
+    Returns how many sockets besides keep it inherited."""
+    global _sock, _status_fd, _pipes, _template_fork, _in_child
     import signal
 
     _template_fork = _in_child = False
-    old = (_fd, _status_fd, _wake_r, _wake_w, _diag) + tuple(fd for fd, _ in _pipes)
-    _fd, _rbuf, _role = sock_fd, b"", "instance"
-    _hello(',"role":"instance"')
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.set_inheritable(_fd, False)
+    old = (template_fd, _status_fd, _wake_r, _wake_w, _diag) + tuple(fd for fd, _ in _pipes)
     if _sock is not None:
         try:
             _sock.close()
@@ -1412,8 +1506,13 @@ def _become_instance(sock_fd):
     _null_stdio()
     _reseed()
     _capture_std()
-    inherited = _open_sockets()
-    _send({"type": "started", "inherited_sockets": len(inherited)})
+    return len(_open_sockets(keep))
+
+
+def _start_instance(inherited):
+    """Report started on the instance's socket (_fd), then serve calls."""
+    os.set_inheritable(_fd, False)
+    _send({"type": "started", "inherited_sockets": inherited})
     if inherited:
         os._exit(3)  # the worker reads the count and retires the template
     _start_pump()
