@@ -3,12 +3,14 @@ package sandbox
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Adopt takes charge of a process that a template forked inside a sandbox
@@ -44,7 +46,7 @@ func (m *Manager) Adopt(ctx context.Context, id string, pid int, l Limits) (*San
 			}
 		}
 		s := &Sandbox{id: id, m: m, proc: proc, cg: cg, done: make(chan struct{}),
-			waitProc: func() (syscall.WaitStatus, error) { return <-exited, nil }}
+			waitProc: func() (syscall.WaitStatus, error) { return awaitReport(proc, exited) }}
 		go s.wait()
 		return s, nil
 	})
@@ -52,6 +54,29 @@ func (m *Manager) Adopt(ctx context.Context, id string, pid int, l Limits) (*San
 		return nil, nil, err
 	}
 	return s, report, nil
+}
+
+// awaitReport waits for the exit status a template reports for proc. As a
+// safety net against a report that never comes (the template died between
+// reaping and writing, say), it also checks through proc's pidfd every
+// second whether the process is gone; gone and still unreported a second
+// later, it is taken as killed.
+func awaitReport(proc *os.Process, exited <-chan syscall.WaitStatus) (syscall.WaitStatus, error) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	goneTicks := 0
+	for {
+		select {
+		case ws := <-exited:
+			return ws, nil
+		case <-tick.C:
+			if err := proc.Signal(syscall.Signal(0)); errors.Is(err, os.ErrProcessDone) {
+				if goneTicks++; goneTicks >= 2 {
+					return syscall.WaitStatus(syscall.SIGKILL), nil
+				}
+			}
+		}
+	}
 }
 
 // SeccompProgram returns the seccomp filter every sandboxed program runs
