@@ -1356,6 +1356,7 @@ def _function_template_main():
     # them into every instance). No collection first: it would delay the
     # first fork by a millisecond for the little garbage an import leaves.
     gc.freeze()
+    _handed.clear()  # the runtime template's, of another PID namespace
     signal.signal(signal.SIGCHLD, _report_exits)
     _last_fork = _perf()  # in use from the start: it is about to fork
     _template_loop({"fork": _on_fork}, (_ready_due, _ready_step))
