@@ -1340,7 +1340,7 @@ def _open_sockets(keep):
 
 def _function_template_main():
     """The function's code is loaded: stop the log thread and fork instances."""
-    global _pump_stop, _last_fork
+    global _pump_stop
     import signal
 
     _pump_stop = True
@@ -1358,26 +1358,28 @@ def _function_template_main():
     gc.freeze()
     _handed.clear()  # the runtime template's, of another PID namespace
     signal.signal(signal.SIGCHLD, _report_exits)
-    _last_fork = _perf()  # in use from the start: it is about to fork
     _template_loop({"fork": _on_fork}, (_ready_due, _ready_step))
 
 
-# A function template in use keeps its next instance forked in advance
-# (SEUSS's anticipatory optimisation, one level down): the child has done
-# the fork and its copy-on-write start-up and waits for its socket, so a
-# warm start only hands it over. It is made once the template has been idle
-# for _IDLE_WAIT_MS after a fork, and stopped once the template has gone
-# _READY_IDLE_S without one, so that idle templates keep no extra process.
+# A function template that keeps being asked to fork keeps its next
+# instance forked in advance (SEUSS's anticipatory optimisation, one level
+# down): the child has done the fork and its copy-on-write start-up and
+# waits for its socket, so a warm start only hands it over. It is made once
+# the template has forked twice within _READY_IDLE_S (one fork, then hot
+# reuse of that instance, is the common case and needs none) and has been
+# idle for _IDLE_WAIT_MS since; it is stopped once the template has gone
+# _READY_IDLE_S without a fork, so that idle templates keep no extra process.
 _ready = None  # (pid, socket to it)
-_last_fork = 0.0
+_last_fork = -1e9
+_prev_fork = -1e9  # the fork before _last_fork
 _READY_IDLE_S = 10.0
 
 
 def _ready_due():
-    idle = _perf() - _last_fork
+    now = _perf()
     if _ready is None:
-        return _IDLE_WAIT_MS if idle < _READY_IDLE_S else None
-    return max(int((_READY_IDLE_S - idle) * 1000.0), 0) + 1
+        return _IDLE_WAIT_MS if now - _prev_fork < _READY_IDLE_S else None
+    return max(int((_READY_IDLE_S - (now - _last_fork)) * 1000.0), 0) + 1
 
 
 def _ready_step():
@@ -1385,7 +1387,7 @@ def _ready_step():
     if _ready is not None:  # unused for _READY_IDLE_S: stop it
         _ready[1].close()  # it sees EOF and exits; never reported
         _ready = None
-    elif _perf() - _last_fork < _READY_IDLE_S:
+    elif _perf() - _prev_fork < _READY_IDLE_S:
         _ready = _prefork()
 
 
@@ -1428,12 +1430,12 @@ def _prefork():
 def _on_fork(h, fds):
     """Hand the socket sent with the request to the child forked in
     advance, or fork one now."""
-    global _ready, _last_fork
+    global _ready, _last_fork, _prev_fork
     import socket
 
     if len(fds) != 1:
         raise _Fault("Protocol.InvalidMessage", "fork needs exactly one descriptor, the instance's socket")
-    _last_fork = _perf()
+    _prev_fork, _last_fork = _last_fork, _perf()
     pid = 0
     if _ready is not None:
         pid, sk = _ready
