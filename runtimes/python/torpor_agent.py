@@ -1105,8 +1105,9 @@ def _refill_one():
     global _spare_retry_at
     try:
         _make_spare()
-    except _Fault as f:
-        _diag_print("cannot make a spare sandbox (retrying in 5 s): %s" % f.as_dict().get("errorMessage"))
+    except (_Fault, OSError) as e:
+        msg = e.as_dict().get("errorMessage") if isinstance(e, _Fault) else str(e)
+        _diag_print("cannot make a spare sandbox (retrying in 5 s): %s" % msg)
         _spare_retry_at = _perf() + 5.0
 
 
@@ -1127,6 +1128,12 @@ def _make_spare():
     _template_fork = True
     try:
         pid = os.fork()
+    except OSError:
+        for x in (mine, theirs):
+            x.close()
+        os.close(r)
+        os.close(w)
+        raise
     finally:
         _template_fork = False
     if pid == 0:  # the intermediate child
@@ -1383,12 +1390,16 @@ def _ready_due():
 
 
 def _ready_step():
-    global _ready
+    global _ready, _prev_fork
     if _ready is not None:  # unused for _READY_IDLE_S: stop it
         _ready[1].close()  # it sees EOF and exits; never reported
         _ready = None
     elif _perf() - _prev_fork < _READY_IDLE_S:
-        _ready = _prefork()
+        try:
+            _ready = _prefork()
+        except OSError as e:  # e.g. the pids limit: forks on request will say so
+            _diag_print("cannot fork in advance: %s" % e)
+            _prev_fork = -1e9
 
 
 def _fork_child():
@@ -1405,7 +1416,12 @@ def _prefork():
     import socket
 
     mine, theirs = socket.socketpair()
-    pid = _fork_child()
+    try:
+        pid = _fork_child()
+    except OSError:
+        mine.close()
+        theirs.close()
+        raise
     if pid == 0:
         mine.close()
         # All of an instance's start-up that needs no socket happens now,
