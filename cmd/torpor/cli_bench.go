@@ -59,6 +59,18 @@ func failedCalls(n int, out string) error {
 	return fmt.Errorf("%d measured calls failed (see above and %s): the numbers are not a clean measurement", n, filepath.Join(out, "results.json"))
 }
 
+// benchDone turns a benchmark's outcome into the command's: its error, or
+// failedCalls when any measured call failed.
+func benchDone[R interface{ Failures() int }](rep R, err error, out string) error {
+	if err != nil {
+		return err
+	}
+	if n := rep.Failures(); n > 0 {
+		return failedCalls(n, out)
+	}
+	return nil
+}
+
 func newBenchWarmCmd(g *globals) *cobra.Command {
 	var (
 		opts bench.WarmOptions
@@ -96,13 +108,7 @@ ratio of torpor's p50 and p99 to the baseline's, and writes every latency to
 			}
 			opts.Endpoint, opts.Token, opts.OutDir = g.endpoint, g.apiToken(), out
 			rep, err := bench.Warm(cmd.Context(), opts, cmd.OutOrStdout())
-			if err != nil {
-				return err
-			}
-			if n := rep.Failures(); n > 0 {
-				return fmt.Errorf("%d measured calls failed (see above and %s): the numbers are not a clean measurement", n, filepath.Join(out, "results.json"))
-			}
-			return nil
+			return benchDone(rep, err, out)
 		},
 	}
 	f := cmd.Flags()

@@ -58,13 +58,7 @@ The default run lasts about 4 minutes; --phase-duration 16s makes it one.`,
 		}
 		fill()
 		rep, err := bench.Bursts(cmd.Context(), opts, cmd.OutOrStdout())
-		if err != nil {
-			return err
-		}
-		if n := rep.Failures(); n > 0 {
-			return failedCalls(n, opts.OutDir)
-		}
-		return nil
+		return benchDone(rep, err, opts.OutDir)
 	}
 	f := cmd.Flags()
 	f.DurationVar(&opts.PhaseDuration, "phase-duration", bench.DefaultBurstsPhase, "length of each torpor phase")

@@ -46,13 +46,7 @@ to --out, deletes the functions, and exits 1 if any measured call failed.`,
 		opts.Seed = uint64(seed)
 		fill()
 		rep, err := bench.Diversity(cmd.Context(), opts, cmd.OutOrStdout())
-		if err != nil {
-			return err
-		}
-		if n := rep.Failures(); n > 0 {
-			return failedCalls(n, opts.OutDir)
-		}
-		return nil
+		return benchDone(rep, err, opts.OutDir)
 	}
 	f := cmd.Flags()
 	f.IntVar(&opts.Calls, "calls", bench.DefaultDiversityCalls, "measured calls per number of functions")

@@ -53,13 +53,7 @@ any measured call failed.`,
 		}
 		fill()
 		rep, err := bench.Starts(cmd.Context(), opts, cmd.OutOrStdout())
-		if err != nil {
-			return err
-		}
-		if n := rep.Failures(); n > 0 {
-			return failedCalls(n, opts.OutDir)
-		}
-		return nil
+		return benchDone(rep, err, opts.OutDir)
 	}
 	f := cmd.Flags()
 	f.IntVar(&opts.Calls, "calls", bench.DefaultStartsCalls, "measured hot calls")

@@ -70,19 +70,36 @@ func (e *ForkError) Error() string {
 	return fmt.Sprintf("%s: %s: %s", e.Op, e.Err.ErrorType, e.Err.ErrorMessage)
 }
 
-// PrepareForkSocket makes the worker's end of a socketpair whose other end
-// goes to a template's child ready for HandshakeForked: the kernel then
-// attaches the sender's credentials, its pid translated into the worker's
-// PID namespace, to what the child sends.
-func PrepareForkSocket(fd int) error {
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
-		return fmt.Errorf("SO_PASSCRED: %w", err)
+// SocketPair makes the socket a worker talks to an agent on: it returns
+// the worker's end, and the end to hand to the agent (as an inherited fd, or
+// with a template's fork request). With forked set, the worker's end is
+// ready for HandshakeForked: the kernel attaches the sender's credentials,
+// its pid translated into the worker's PID namespace, to what the agent
+// sends.
+func SocketPair(forked bool) (*net.UnixConn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
 	}
-	return nil
+	if forked {
+		if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+			unix.Close(fds[0])
+			unix.Close(fds[1])
+			return nil, nil, fmt.Errorf("SO_PASSCRED: %w", err)
+		}
+	}
+	parent := os.NewFile(uintptr(fds[0]), "agent-ctl")
+	c, err := net.FileConn(parent)
+	parent.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("control socket: %w", err)
+	}
+	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "agent-ctl-child"), nil
 }
 
 // HandshakeForked reads the hello of an agent a template forked, on conn
-// (prepared with PrepareForkSocket), and returns a Client for it and the
+// (from SocketPair(true)), and returns a Client for it and the
 // hello, with HostPid set from the kernel's credentials — a forked agent
 // cannot know its own pid outside its namespace, and must not be trusted
 // to say. The child says hello before it sets itself up, so that the

@@ -3,9 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
-	"image"
 	"image/color"
-	"image/draw"
 	"image/png"
 	"io"
 	"math"
@@ -142,9 +140,7 @@ func renderChart(w io.Writer, c chart) error {
 			xlo, xhi = min(xlo, m.X), max(xhi, m.X)
 		}
 	}
-	img := image.NewRGBA(image.Rect(0, 0, PlotWidth, PlotHeight))
-	draw.Draw(img, img.Bounds(), image.NewUniform(whiteFill), image.Point{}, draw.Src)
-	p := &plotter{img: img, left: marginL, right: PlotWidth - marginR, top: marginT, bottom: PlotHeight - marginB - legendHeight(len(c.Series))}
+	p := newPlotter(len(c.Series))
 
 	var xmajor, xminor, ymajor, yminor []float64
 	xs.lo, xs.hi, xmajor, xminor = axisTicks(c.X, xlo, xhi)
@@ -152,16 +148,7 @@ func renderChart(w io.Writer, c chart) error {
 	xs.a, xs.b = p.left, p.right
 	ys.a, ys.b = p.bottom, p.top
 
-	for _, t := range xminor {
-		p.vline(xs.px(t), gridGrey)
-	}
-	for _, t := range xmajor {
-		x := xs.px(t)
-		p.vline(x, gridGrey)
-		p.line(x, p.bottom, x, p.bottom+4, black, 1, DashSolid)
-		s := plainTick(t)
-		p.text(x-textWidth(s)/2, p.bottom+17, s, black)
-	}
+	p.xGrid(xmajor, xminor, xs.px, plainTick)
 	for _, t := range yminor {
 		p.hline(ys.px(t), gridGrey)
 	}
@@ -226,7 +213,7 @@ func renderChart(w io.Writer, c chart) error {
 	p.text((p.left+p.right-textWidth(c.X.Label))/2, p.bottom+36, c.X.Label, black)
 	p.vtext(16, (p.top+p.bottom)/2, c.Y.Label, black)
 	p.legend(legend, p.bottom+marginB)
-	if err := png.Encode(w, img); err != nil {
+	if err := png.Encode(w, p.img); err != nil {
 		return fmt.Errorf("plot: encode png: %w", err)
 	}
 	return nil

@@ -82,33 +82,6 @@ func TestForkBaselineBadInterpreter(t *testing.T) {
 	}
 }
 
-func TestParseSmapsRollup(t *testing.T) {
-	const rollup = `5581d4a4b000-7ffd6a5f1000 ---p 00000000 00:00 0                          [rollup]
-Rss:                9876 kB
-Pss:                4321 kB
-Pss_Anon:           2000 kB
-Pss_File:           2321 kB
-Shared_Clean:       5000 kB
-Shared_Dirty:          0 kB
-Private_Clean:       100 kB
-Private_Dirty:      2048 kB
-Referenced:         9876 kB
-Anonymous:          2048 kB
-Swap:                  0 kB
-SwapPss:               0 kB
-`
-	m, err := parseSmapsRollup([]byte(rollup))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (ProcMem{RSS: 9876 << 10, PSS: 4321 << 10, USS: 2148 << 10}); m != want {
-		t.Errorf("got %+v, want %+v", m, want)
-	}
-	if _, err := parseSmapsRollup([]byte("Rss: 1 kB\n")); err == nil || !strings.Contains(err.Error(), "Pss") {
-		t.Errorf("err = %v, want one naming the missing line", err)
-	}
-}
-
 func TestMeasureNOPProcess(t *testing.T) {
 	py := requirePython(t)
 	m, err := measureNOPProcess(context.Background(), py)

@@ -84,23 +84,12 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	if hi == 0 {
 		return errors.New("plot: no latencies to draw: every series is empty (did every call fail?)")
 	}
-	img := image.NewRGBA(image.Rect(0, 0, PlotWidth, PlotHeight))
-	draw.Draw(img, img.Bounds(), image.NewUniform(whiteFill), image.Point{}, draw.Src)
-	p := &plotter{img: img, left: marginL, right: PlotWidth - marginR, top: marginT, bottom: PlotHeight - marginB - legendHeight(len(lines))}
+	p := newPlotter(len(lines))
 	p.xlo, p.xhi = axisRange(float64(max(lo, 1))/1000, float64(hi)/1000)
 
 	// Grid and tick labels.
 	major, minor := logTicks(p.xlo, p.xhi)
-	for _, t := range minor {
-		p.vline(p.xpx(t), gridGrey)
-	}
-	for _, t := range major {
-		x := p.xpx(t)
-		p.vline(x, gridGrey)
-		p.line(x, p.bottom, x, p.bottom+4, black, 1, DashSolid)
-		s := formatTick(t)
-		p.text(x-textWidth(s)/2, p.bottom+17, s, black)
-	}
+	p.xGrid(major, minor, p.xpx, formatTick)
 	for i := 0; i <= 10; i++ {
 		f := float64(i) / 10
 		y := p.ypx(f)
@@ -147,7 +136,7 @@ func RenderCDF(w io.Writer, title string, lines []PlotLine) error {
 	p.vtext(16, (p.top+p.bottom)/2, "fraction of calls <= latency", black)
 	p.legend(lines, p.bottom+marginB)
 
-	if err := png.Encode(w, img); err != nil {
+	if err := png.Encode(w, p.img); err != nil {
 		return fmt.Errorf("plot: encode png: %w", err)
 	}
 	return nil
@@ -231,6 +220,29 @@ func (p *plotter) xpx(ms float64) int {
 func (p *plotter) ypx(frac float64) int {
 	frac = min(max(frac, 0), 1)
 	return p.bottom - int(math.Round(frac*float64(p.bottom-p.top)))
+}
+
+// newPlotter returns a plotter on a white canvas of the plot size, with
+// room below the plot area for a legend of n entries.
+func newPlotter(n int) *plotter {
+	img := image.NewRGBA(image.Rect(0, 0, PlotWidth, PlotHeight))
+	draw.Draw(img, img.Bounds(), image.NewUniform(whiteFill), image.Point{}, draw.Src)
+	return &plotter{img: img, left: marginL, right: PlotWidth - marginR, top: marginT, bottom: PlotHeight - marginB - legendHeight(n)}
+}
+
+// xGrid draws the vertical grid lines at the minor and major x ticks, and
+// a tick mark and label at each major one; px maps a value to a column.
+func (p *plotter) xGrid(major, minor []float64, px func(float64) int, label func(float64) string) {
+	for _, t := range minor {
+		p.vline(px(t), gridGrey)
+	}
+	for _, t := range major {
+		x := px(t)
+		p.vline(x, gridGrey)
+		p.line(x, p.bottom, x, p.bottom+4, black, 1, DashSolid)
+		s := label(t)
+		p.text(x-textWidth(s)/2, p.bottom+17, s, black)
+	}
 }
 
 func (p *plotter) vline(x int, c color.RGBA) { p.line(x, p.top, x, p.bottom, c, 1, DashSolid) }

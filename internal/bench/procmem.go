@@ -5,40 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/torpor-dev/torpor/internal/procmem"
 )
 
-// ProcMem is the memory of one process, from /proc/PID/smaps_rollup, in
-// bytes: resident, proportional (each shared page divided among the
-// processes mapping it) and unique (private: freed if the process exits).
-type ProcMem struct {
-	RSS int64 `json:"rss"`
-	PSS int64 `json:"pss"`
-	USS int64 `json:"uss"`
-}
-
-// parseSmapsRollup reads a /proc/PID/smaps_rollup file; USS is its
-// Private_Clean plus Private_Dirty.
-func parseSmapsRollup(b []byte) (ProcMem, error) {
-	var m ProcMem
-	var clean, dirty int64
-	for _, f := range []struct {
-		name string
-		v    *int64
-	}{{"Rss:", &m.RSS}, {"Pss:", &m.PSS}, {"Private_Clean:", &clean}, {"Private_Dirty:", &dirty}} {
-		v, err := parseStatusField(b, f.name)
-		if err != nil {
-			return m, fmt.Errorf("smaps_rollup: %w", err)
-		}
-		*f.v = v
-	}
-	m.USS = clean + dirty
-	return m, nil
-}
+// ProcMem is the memory of one process (procmem.Mem).
+type ProcMem = procmem.Mem
 
 // nopLoopScript is a process-per-function design's idle NOP function: a
 // process that has run the handler once and waits for the next event (one
@@ -87,9 +62,9 @@ func measureNOPProcess(ctx context.Context, python string) (ProcMem, error) {
 			return ProcMem{}, fmt.Errorf("NOP process (%s): answer %d %q, %v: %s", python, i, line, err, stderr)
 		}
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/smaps_rollup")
+	m, err := procmem.Read(cmd.Process.Pid)
 	if err != nil {
-		return ProcMem{}, fmt.Errorf("NOP process memory: %w", err)
+		return ProcMem{}, fmt.Errorf("NOP process: %w", err)
 	}
-	return parseSmapsRollup(b)
+	return m, nil
 }

@@ -48,7 +48,6 @@ type Directory struct {
 	holders  map[string][]candidate          // by poolKey: the workers holding that version
 	inflight map[inflightKey]int             // calls placed by this process, not yet answered
 	returned map[string]map[string]time.Time // by poolKey, worker id: when a placed call last came back
-	ready    chan struct{}                   // closed once the initial entries are read
 }
 
 type dirEntry struct {
@@ -64,40 +63,15 @@ func poolKey(name string, version int) string { return name + "@" + strconv.Itoa
 // ends.
 func NewDirectory(ctx context.Context, b *bus.Bus, reg *registry.Registry, log *slog.Logger) (*Directory, error) {
 	d := &Directory{bus: b, reg: reg, log: log, workers: map[string]dirEntry{}, byID: map[string]dirEntry{},
-		holders: map[string][]candidate{}, inflight: map[inflightKey]int{}, returned: map[string]map[string]time.Time{},
-		ready: make(chan struct{})}
+		holders: map[string][]candidate{}, inflight: map[inflightKey]int{}, returned: map[string]map[string]time.Time{}}
 	w, err := b.Workers.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch the worker directory: %w", err)
 	}
-	go d.run(ctx, w)
-	select {
-	case <-d.ready:
-		return d, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if err := bus.Follow(ctx, w, d.apply); err != nil {
+		return nil, err
 	}
-}
-
-func (d *Directory) run(ctx context.Context, w jetstream.KeyWatcher) {
-	defer func() { _ = w.Stop() }()
-	initial := true
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				initial = false
-				close(d.ready)
-				continue
-			}
-			d.apply(e, initial)
-		}
-	}
+	return d, nil
 }
 
 // apply records one directory change and rebuilds the placement index.

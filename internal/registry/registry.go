@@ -22,6 +22,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
 )
@@ -39,44 +40,21 @@ type Registry struct {
 	mu       sync.RWMutex
 	latest   map[string]function.Version
 	versions map[string]function.Version // "name/N"
-	ready    chan struct{}
-	changed  chan struct{} // closed and replaced on every update (for waiters)
+	changed  chan struct{}               // closed and replaced on every update (for waiters)
 }
 
 // New starts watching the bucket and returns once the initial state is loaded.
 func New(ctx context.Context, kv jetstream.KeyValue, code jetstream.ObjectStore, log *slog.Logger) (*Registry, error) {
 	r := &Registry{kv: kv, code: code, log: log, latest: map[string]function.Version{},
-		versions: map[string]function.Version{}, ready: make(chan struct{}), changed: make(chan struct{})}
+		versions: map[string]function.Version{}, changed: make(chan struct{})}
 	w, err := kv.WatchFiltered(ctx, []string{"fn.*", "v.*.*"}, jetstream.IncludeHistory())
 	if err != nil {
 		return nil, fmt.Errorf("watch function registry: %w", err)
 	}
-	go r.run(ctx, w)
-	select {
-	case <-r.ready:
-		return r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if err := bus.Follow(ctx, w, func(e jetstream.KeyValueEntry, _ bool) { r.apply(e) }); err != nil {
+		return nil, err
 	}
-}
-
-func (r *Registry) run(ctx context.Context, w jetstream.KeyWatcher) {
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				close(r.ready)
-				continue
-			}
-			r.apply(e)
-		}
-	}
+	return r, nil
 }
 
 func (r *Registry) apply(e jetstream.KeyValueEntry) {

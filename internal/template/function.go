@@ -47,7 +47,7 @@ func (f *Function) Done() <-chan struct{} { return f.sb.Done() }
 // it with a Client that has done the handshake: the instance serves
 // invokes at once. Forks of one template are serialised on its socket.
 func (f *Function) Fork(ctx context.Context, id string, limits sandbox.Limits) (*sandbox.Sandbox, *agentproto.Client, error) {
-	conn, child, err := socketPair()
+	conn, child, err := agentproto.SocketPair(true)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fork %s: %w", id, err)
 	}

@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -71,7 +70,7 @@ func StartRuntime(ctx context.Context, m *sandbox.Manager, cfg RuntimeConfig, lo
 	if cfg.Spares == 0 {
 		cfg.Spares = 2
 	}
-	conn, child, err := socketPair()
+	conn, child, err := agentproto.SocketPair(true)
 	if err != nil {
 		return nil, fmt.Errorf("runtime template: %w", err)
 	}
@@ -176,7 +175,7 @@ func (r *Runtime) ForkFunction(ctx context.Context, fs FunctionSpec) (*Function,
 	if fs.UID < r.cfg.IDs.First || fs.UID >= r.cfg.IDs.First+r.cfg.IDs.Count || fs.GID != fs.UID {
 		return nil, fmt.Errorf("function template %s: uid %d outside the runtime template's range %+v", fs.ID, fs.UID, r.cfg.IDs)
 	}
-	conn, child, err := socketPair()
+	conn, child, err := agentproto.SocketPair(true)
 	if err != nil {
 		return nil, fmt.Errorf("function template %s: %w", fs.ID, err)
 	}
@@ -223,28 +222,6 @@ func (r *Runtime) ForkFunction(ctx context.Context, fs FunctionSpec) (*Function,
 		return nil, fmt.Errorf("function template %s: %w", fs.ID, err)
 	}
 	return f, nil
-}
-
-// socketPair returns the worker's end (prepared for forked agents'
-// credentials) and the end to hand over.
-func socketPair() (*net.UnixConn, *os.File, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair: %w", err)
-	}
-	if err := agentproto.PrepareForkSocket(fds[0]); err != nil {
-		unix.Close(fds[0])
-		unix.Close(fds[1])
-		return nil, nil, err
-	}
-	parent := os.NewFile(uintptr(fds[0]), "template-ctl")
-	c, err := net.FileConn(parent)
-	parent.Close()
-	if err != nil {
-		unix.Close(fds[1])
-		return nil, nil, fmt.Errorf("control socket: %w", err)
-	}
-	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "template-ctl-child"), nil
 }
 
 // exitTable maps a template's children (pids in its namespace) to whoever

@@ -1,14 +1,13 @@
 package worker
 
 import (
-	"os"
+	"context"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/procmem"
 )
 
 // Summary is what this worker publishes about itself (see api.WorkerSummary).
@@ -102,30 +101,11 @@ func (w *Worker) Info() api.WorkerInfo {
 	return info
 }
 
-// fillMemory reads p.Pid's RSS, PSS and USS (private clean + dirty) from
-// /proc/PID/smaps_rollup; they stay 0 when it cannot be read.
+// fillMemory sets p's RSS, PSS and USS (procmem); they stay 0 when they
+// cannot be read.
 func fillMemory(p *api.ProcessInfo) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Pid) + "/smaps_rollup")
-	if err != nil {
-		return
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "Rss":
-			p.RSS = kb << 10
-		case "Pss":
-			p.PSS = kb << 10
-		case "Private_Clean", "Private_Dirty":
-			p.USS += kb << 10
-		}
+	if m, err := procmem.Read(p.Pid); err == nil {
+		p.RSS, p.PSS, p.USS = m.RSS, m.PSS, m.USS
 	}
 }
 
@@ -167,13 +147,6 @@ func (w *Worker) Drop(name string, version int, keepTemplates bool) api.DropResu
 	if res.Instances > 0 || res.Templates > 0 {
 		w.notifyChanged()
 	}
-	timeout := time.After(5 * time.Second)
-	for _, d := range gone {
-		select {
-		case <-d:
-		case <-timeout:
-			return res
-		}
-	}
+	waitGone(context.Background(), gone, 5*time.Second)
 	return res
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,17 +53,9 @@ func (w *Worker) spawn(ctx context.Context, ver function.Version) (*instance, er
 	if err != nil {
 		return nil, err
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	conn, child, err := agentproto.SocketPair(false)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
-	}
-	parent := os.NewFile(uintptr(fds[0]), "agent-ctl")
-	child := os.NewFile(uintptr(fds[1]), "agent-ctl-child")
-	conn, err := net.FileConn(parent)
-	_ = parent.Close()
-	if err != nil {
-		_ = child.Close()
-		return nil, fmt.Errorf("control socket: %w", err)
+		return nil, err
 	}
 	id := newInstanceID()
 	spec := w.instanceSpec(ver, id, codeDir)

@@ -87,15 +87,23 @@ func (w *Worker) reclaim(ctx context.Context, needMB int) (instances, templates 
 	}
 	// Their memory is free once they are gone: wait, so that the next
 	// check does not count it again.
-	for _, d := range dead {
+	waitGone(ctx, dead, 5*time.Second)
+	return len(victims), templates
+}
+
+// waitGone waits until every channel in gone is closed (processes have
+// exited), for at most d, or until ctx ends.
+func waitGone(ctx context.Context, gone []<-chan struct{}, d time.Duration) {
+	timeout := time.After(d)
+	for _, g := range gone {
 		select {
-		case <-d:
-		case <-time.After(2 * time.Second):
+		case <-g:
+		case <-timeout:
+			return
 		case <-ctx.Done():
-			return len(victims), templates
+			return
 		}
 	}
-	return len(victims), templates
 }
 
 // availableMB is the memory instances and templates can still take: the
