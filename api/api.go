@@ -222,3 +222,24 @@ type DropResult struct {
 	Templates int `json:"templates"` // function templates stopped (0 with keep_templates)
 	Workers   int `json:"workers"`   // workers that answered
 }
+
+// EvictRequest is the body of POST /v1/workers/{id}/evict: the worker
+// stops taking calls, moves its running calls to other workers within
+// the grace period, and exits.
+type EvictRequest struct {
+	GraceMS int64  `json:"grace_ms,omitempty"` // 0: the worker's --eviction-grace
+	Reason  string `json:"reason,omitempty"`   // shown in the worker's log
+}
+
+// EvictReport is what an eviction did (the reply of the evict route
+// describes its start: Running calls, the grace period).
+type EvictReport struct {
+	Worker    string `json:"worker"`
+	Reason    string `json:"reason"`
+	GraceMS   int64  `json:"grace_ms"`
+	Running   int    `json:"running"`              // calls running when it began
+	Moving    int    `json:"moving,omitempty"`     // calls asked to move at once
+	LetFinish int    `json:"let_finish,omitempty"` // calls predicted to finish within the grace (or that cannot move)
+	Moved     int    `json:"moved,omitempty"`      // calls that left as checkpoints
+	TookMS    int64  `json:"took_ms,omitempty"`
+}

@@ -27,7 +27,8 @@ func newDeployCmd(g *globals) *cobra.Command {
 as a new version of function NAME. The gateway imports the handler in a sandbox
 before accepting it, so a missing handler or a syntax error fails the deploy.`,
 		Example: `  torpor deploy hello --handler app.handler --code ./hello
-  torpor deploy resize --handler main.handler --code resize.zip --memory 512 --timeout 30 --env BUCKET=images`,
+  torpor deploy resize --handler main.handler --code resize.zip --memory 512 --timeout 30 --env BUCKET=images
+  torpor deploy train --handler job.run --code ./train --timeout 60 --max-duration 3600`,
 		Args: args("NAME"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			spec.Name = a[0]
@@ -53,8 +54,8 @@ before accepting it, so a missing handler or a syntax error fails the deploy.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deployed %s version %d (%s %s, %d MB, %gs; code %s, sha256 %.12s)\n",
-				v.Name, v.Version, v.Runtime, v.Handler, v.MemoryMB, v.TimeoutSec, byteSize(v.CodeSize), v.CodeDigest)
+			fmt.Fprintf(cmd.OutOrStdout(), "deployed %s version %d (%s %s, %d MB, %s; code %s, sha256 %.12s)\n",
+				v.Name, v.Version, v.Runtime, v.Handler, v.MemoryMB, timeLimits(v.Spec), byteSize(v.CodeSize), v.CodeDigest)
 			return nil
 		},
 	}
@@ -64,9 +65,20 @@ before accepting it, so a missing handler or a syntax error fails the deploy.`,
 	f.StringVar(&code, "code", "", "directory holding the code, or a .zip of it (required)")
 	f.IntVar(&spec.MemoryMB, "memory", function.DefaultMemoryMB, fmt.Sprintf("memory limit in MB (%d-%d)", function.MinMemoryMB, function.MaxMemoryMB))
 	f.Float64Var(&spec.TimeoutSec, "timeout", function.DefaultTimeout.Seconds(), fmt.Sprintf("time limit of a call in seconds (0.1-%g)", function.MaxTimeout.Seconds()))
+	f.Float64Var(&spec.MaxDurationSec, "max-duration", 0, fmt.Sprintf("total run time of a call across slices, in seconds (0: the timeout; at most %g); "+
+		"when longer than --timeout, a call is checkpointed when a slice ends and resumed (R-Check time limits)", function.MaxMaxDuration.Seconds()))
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V (repeatable)")
 	f.IntVar(&spec.Concurrency, "concurrency", 0, fmt.Sprintf("maximum parallel instances, 0 for no limit (max %d)", function.MaxConcurrency))
 	return cmd
+}
+
+// timeLimits renders a spec's timeout and, when calls run in slices, their
+// total run time.
+func timeLimits(s function.Spec) string {
+	if s.Sliced() {
+		return fmt.Sprintf("%gs (max %gs)", s.TimeoutSec, s.MaxDurationSec)
+	}
+	return fmt.Sprintf("%gs", s.TimeoutSec)
 }
 
 // parseEnv turns K=V flags into a map.

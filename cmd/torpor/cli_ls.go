@@ -34,8 +34,8 @@ func newLsCmd(g *globals) *cobra.Command {
 				if v.Concurrency > 0 {
 					conc = fmt.Sprint(v.Concurrency)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d MB\t%gs\t%s\t%s\n", v.Name, v.Version, v.Runtime, v.Handler,
-					v.MemoryMB, v.TimeoutSec, conc, v.CreatedAt.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d MB\t%s\t%s\t%s\n", v.Name, v.Version, v.Runtime, v.Handler,
+					v.MemoryMB, timeLimits(v.Spec), conc, v.CreatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},

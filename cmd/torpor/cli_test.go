@@ -119,8 +119,19 @@ func TestDeploy(t *testing.T) {
 	zipPath := filepath.Join(t.TempDir(), "code.zip")
 	os.WriteFile(zipPath, want, 0o644)
 	e.run(t, "", "deploy", "hello", "--handler", "app.handler", "--code", zipPath).want(t, 0, "deployed hello version 2", "")
-	if got := e.b.Fns["hello"][1]; got.CodeSize != int64(len(want)) || got.MemoryMB != function.DefaultMemoryMB {
+	if got := e.b.Fns["hello"][1]; got.CodeSize != int64(len(want)) || got.MemoryMB != function.DefaultMemoryMB || got.MaxDurationSec != 0 {
 		t.Errorf("second version %+v", got)
+	}
+
+	// Calls that run in slices.
+	e.run(t, "", "deploy", "hello", "--handler", "app.handler", "--code", dir, "--timeout", "60", "--max-duration", "3600").
+		want(t, 0, "deployed hello version 3 (python3 app.handler, 128 MB, 60s (max 3600s); code ", "")
+	if got := e.b.Fns["hello"][2]; got.TimeoutSec != 60 || got.MaxDurationSec != 3600 || got.MaxDuration() != time.Hour {
+		t.Errorf("sliced version %+v", got.Spec)
+	}
+	r = e.run(t, "", "ls")
+	if !strings.Contains(r.stdout, "60s (max 3600s)") {
+		t.Errorf("ls does not show the max duration:\n%s", r.stdout)
 	}
 }
 
@@ -146,6 +157,10 @@ func TestDeployErrors(t *testing.T) {
 		{"bad name", []string{"deploy", "f.g", "--handler", "app.handler", "--code", dir}, exitError, "[A-Za-z0-9_-]"},
 		{"bad handler", []string{"deploy", "f", "--handler", "handler", "--code", dir}, exitError, "MODULE.FUNCTION"},
 		{"bad memory", []string{"deploy", "f", "--handler", "app.handler", "--code", dir, "--memory", "1"}, exitError, "memory 1 MB out of range"},
+		{"max duration under the timeout", []string{"deploy", "f", "--handler", "app.handler", "--code", dir, "--timeout", "10", "--max-duration", "5"},
+			exitError, "max duration 5s out of range"},
+		{"max duration over a day", []string{"deploy", "f", "--handler", "app.handler", "--code", dir, "--max-duration", "86401"},
+			exitError, "max duration 86401s out of range"},
 		{"missing code", []string{"deploy", "f", "--handler", "app.handler", "--code", filepath.Join(dir, "nope")}, exitError, "no such file"},
 		{"escaping symlink", []string{"deploy", "f", "--handler", "app.handler", "--code", escaping}, exitError, "secrets -> ../../etc/passwd is pointing outside"},
 		{"not a zip", []string{"deploy", "f", "--handler", "app.handler", "--code", notZip}, exitError, "not a valid zip archive"},

@@ -54,7 +54,7 @@ instance or a template of the function when there is one.`,
 			return tw.Flush()
 		},
 	}
-	cmd.AddCommand(newWorkersInspectCmd(g), newWorkersDropCmd(g))
+	cmd.AddCommand(newWorkersInspectCmd(g), newWorkersDropCmd(g), newWorkersEvictCmd(g))
 	return cmd
 }
 
@@ -160,5 +160,50 @@ instances finish their calls. The next call starts warm or cold.`,
 	}
 	cmd.Flags().IntVar(&version, "version", 0, "only this version (default: every version)")
 	cmd.Flags().BoolVar(&keep, "keep-templates", false, "keep the function templates, stop only idle instances")
+	return cmd
+}
+
+func newWorkersEvictCmd(g *globals) *cobra.Command {
+	var (
+		grace  time.Duration
+		reason string
+	)
+	cmd := &cobra.Command{
+		Use:   "evict ID",
+		Short: "Evict a worker: move its running calls to other workers, then stop it",
+		Long: `Evict asks worker ID to stop taking calls and to move its running calls away
+within the grace period: a call predicted to finish within the grace is let
+finish, the others are checkpointed and resumed on another worker. Then the
+worker exits. It answers at once, before anything moves; the worker's log
+and the calls' records (torpor calls) tell how the moves went.`,
+		Example: `  torpor workers evict w1
+  torpor workers evict w1 --grace 2m --reason "kernel upgrade"`,
+		Args: args("ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if grace < 0 {
+				return usageError{fmt.Errorf("invalid --grace %s: use a duration such as 30s or 2m, or 0 for the worker's --eviction-grace", grace)}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			// Round up: a grace under a millisecond must not become 0, the
+			// worker's default.
+			req := api.EvictRequest{GraceMS: int64((grace + time.Millisecond - 1) / time.Millisecond), Reason: reason}
+			rep, err := c.Evict(cmd.Context(), a[0], req)
+			if err != nil {
+				return err
+			}
+			calls := "calls"
+			if rep.Running == 1 {
+				calls = "call"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "evicting worker %s: %d %s running, grace %s\n", rep.Worker, rep.Running, calls,
+				time.Duration(rep.GraceMS)*time.Millisecond)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&grace, "grace", 0, "time to move the running calls away, e.g. 30s (default: the worker's --eviction-grace)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the worker's log (at most 200 characters)")
 	return cmd
 }

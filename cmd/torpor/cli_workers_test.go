@@ -15,7 +15,10 @@ import (
 )
 
 // cliWorkers is a directory of two workers; w1 holds fn.
-type cliWorkers struct{ dropped string }
+type cliWorkers struct {
+	dropped string
+	evicted api.EvictRequest
+}
 
 func (cliWorkers) List(context.Context) ([]api.WorkerSummary, error) {
 	now := time.Now().UTC().Format(time.RFC3339Nano)
@@ -41,6 +44,18 @@ func (cliWorkers) Info(_ context.Context, id string) (api.WorkerInfo, error) {
 func (w *cliWorkers) Drop(_ context.Context, name string, version int, keep bool) (api.DropResult, error) {
 	w.dropped = fmt.Sprint(name, " ", version, " ", keep)
 	return api.DropResult{Instances: 3, Templates: 1, Workers: 2}, nil
+}
+
+func (w *cliWorkers) Evict(_ context.Context, id string, req api.EvictRequest) (api.EvictReport, error) {
+	if id != "w1" {
+		return api.EvictReport{}, errdefs.NotFound(fmt.Sprintf("no worker %q is running: `torpor workers` lists the live ones", id))
+	}
+	w.evicted = req
+	grace := req.GraceMS
+	if grace == 0 {
+		grace = 30000
+	}
+	return api.EvictReport{Worker: id, Reason: req.Reason, GraceMS: grace, Running: 3}, nil
 }
 
 func TestWorkersCommands(t *testing.T) {
@@ -76,4 +91,26 @@ func TestWorkersCommands(t *testing.T) {
 	if wk.dropped != "fn 2 true" {
 		t.Errorf("server saw drop %q, want fn 2 true", wk.dropped)
 	}
+
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		asked api.EvictRequest
+		out   string
+	}{
+		{"defaults", nil, api.EvictRequest{}, "evicting worker w1: 3 calls running, grace 30s\n"},
+		{"grace and reason", []string{"--grace", "2m", "--reason", "kernel upgrade"}, api.EvictRequest{GraceMS: 120000, Reason: "kernel upgrade"},
+			"evicting worker w1: 3 calls running, grace 2m0s\n"},
+		{"grace under a millisecond", []string{"--grace", "10us"}, api.EvictRequest{GraceMS: 1}, "grace 1ms"},
+	} {
+		r := e.run(t, "", append([]string{"workers", "evict", "w1"}, tt.args...)...)
+		r.want(t, 0, tt.out, "")
+		if wk.evicted != tt.asked {
+			t.Errorf("%s: server saw evict %+v, want %+v", tt.name, wk.evicted, tt.asked)
+		}
+	}
+	e.run(t, "", "workers", "evict", "nope").want(t, 1, "", `no worker "nope" is running`)
+	e.run(t, "", "workers", "evict").want(t, 2, "", "needs ID")
+	e.run(t, "", "workers", "evict", "w1", "--grace", "-1s").want(t, 2, "", "invalid --grace -1s")
+	e.run(t, "", "workers", "evict", "w1", "--grace", "soon").want(t, 2, "", "invalid argument")
 }

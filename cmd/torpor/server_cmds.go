@@ -51,7 +51,7 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		f.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile,
 			"file holding the API token, created with a random one when missing (default $TORPOR_HOME/api-token; env TORPOR_API_TOKEN_FILE)")
 	}
-	if roles.Gateway && roles.Worker {
+	if roles.Gateway {
 		f.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "let other nodes join the embedded NATS on this address (env TORPOR_NATS_LISTEN)")
 	}
 	if roles.Worker {
@@ -79,6 +79,12 @@ func serverCmd(use, short string, roles app.Roles) *cobra.Command {
 		f.StringVar(&cfg.SnapshotCompression, "snapshot-compression", cfg.SnapshotCompression, "zstd, lz4 or none")
 		f.StringVar(&cfg.SandboxNetwork, "sandbox-network", cfg.SandboxNetwork,
 			"none: each instance has its own network namespace with only loopback; host: share the host's (trusted tenants only)")
+		f.DurationVar(&cfg.EvictionGrace, "eviction-grace", cfg.EvictionGrace,
+			"on SIGTERM, an evict request or a cloud notice without a deadline: how long the worker has to move its running calls to other workers before it exits")
+		f.StringVar(&cfg.EvictionNotice, "eviction-notice", cfg.EvictionNotice,
+			"poll this cloud's metadata service for spot/preemption notices: aws, gcp, azure or none (env TORPOR_EVICTION_NOTICE)")
+		f.StringVar(&cfg.MetadataURL, "metadata-url", cfg.MetadataURL, "base URL of the cloud metadata service (default: the cloud's own)")
+		f.DurationVar(&cfg.EvictionPoll, "eviction-poll", cfg.EvictionPoll, "how often to poll for eviction notices")
 	}
 	return cmd
 }

@@ -20,6 +20,9 @@ type CheckpointReady struct {
 type Resumed struct {
 	ClockJump time.Duration // wall time between checkpoint-ready and after-restore
 	Pid       int           // the agent's pid in its own PID namespace
+	// InCall is the call that was running at the checkpoint and runs on
+	// now: collect its outcome with Await. Empty for an idle instance.
+	InCall string
 }
 
 // PrepareCheckpoint makes the instance ready to be dumped: the agent runs
@@ -48,18 +51,23 @@ func (c *Client) PrepareCheckpoint(ctx context.Context, listen string, gc bool, 
 		return CheckpointReady{}, c.violation(op, id, "agent answered %s with %q for %q", op, h.Type, h.ID)
 	}
 	ready := CheckpointReady{RSSBefore: h.RSSBefore, RSSAfter: h.RSSAfter, GC: time.Duration(h.GCMS * float64(time.Millisecond))}
-	// Wait for the agent to let go of its end. Until it has, a dump would
-	// meet a socket it cannot capture.
+	return ready, c.awaitHandOver(ctx, op, id, onLog)
+}
+
+// awaitHandOver waits for the agent to let go of its end of the socket
+// after checkpoint-ready (until it has, a dump would meet a socket it
+// cannot capture), then closes this Client.
+func (c *Client) awaitHandOver(ctx context.Context, op, id string, onLog func(LogRecord)) error {
 	for {
 		body, err := readFrame(c.br, &c.in, &c.scratch)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return ready, c.fail(ctx, op, id, err)
+			return c.fail(ctx, op, id, err)
 		}
 		if c.in.Type != TypeLog {
-			return ready, c.violation(op, id, "agent sent %q after checkpoint-ready; want the socket closed", c.in.Type)
+			return c.violation(op, id, "agent sent %q after checkpoint-ready; want the socket closed", c.in.Type)
 		}
 		if onLog != nil {
 			onLog(LogRecord{CallID: c.in.ID, Stream: c.in.Stream, Data: body})
@@ -67,7 +75,7 @@ func (c *Client) PrepareCheckpoint(ctx context.Context, listen string, gc bool, 
 	}
 	c.broken = fmt.Errorf("%s: the agent moved to a new socket after a checkpoint: %w", opName(op, id), ErrUnusable)
 	_ = c.Close()
-	return ready, nil
+	return nil
 }
 
 // AfterRestore is the first exchange on a connection to the socket an
@@ -88,5 +96,5 @@ func (c *Client) AfterRestore(ctx context.Context, restored bool) (Resumed, erro
 	if h.Type != TypeResumed || h.ID != id {
 		return Resumed{}, c.violation(op, id, "agent answered %s with %q for %q", op, h.Type, h.ID)
 	}
-	return Resumed{ClockJump: time.Duration(h.ClockJumpMS * float64(time.Millisecond)), Pid: h.Pid}, nil
+	return Resumed{ClockJump: time.Duration(h.ClockJumpMS * float64(time.Millisecond)), Pid: h.Pid, InCall: h.InCall}, nil
 }

@@ -150,7 +150,7 @@ func (c *Client) Invoke(ctx context.Context, p InvokeParams, onLog func(LogRecor
 	if dl.IsZero() {
 		dl, _ = ctx.Deadline()
 	}
-	req := Header{Type: TypeInvoke, ID: p.ID, TraceID: p.TraceID}
+	req := Header{Type: TypeInvoke, ID: p.ID, TraceID: p.TraceID, CheckpointListen: p.CheckpointListen}
 	if !dl.IsZero() {
 		req.DeadlineMS = dl.UnixMilli()
 	}
@@ -162,19 +162,66 @@ func (c *Client) Invoke(ctx context.Context, p InvokeParams, onLog func(LogRecor
 	if err != nil {
 		return nil, nil, err
 	}
-	if h.ID != p.ID {
-		return nil, nil, c.violation("invoke", p.ID, "agent answered with %q for call %q", h.Type, h.ID)
+	return c.callReply(ctx, "invoke", p.ID, h, body, onLog)
+}
+
+// Await collects the result of call, which was running when its instance
+// was checkpointed and runs on in this restored instance (AfterRestore
+// reported it in Resumed.InCall). It returns as Invoke does.
+func (c *Client) Await(ctx context.Context, call string, onLog func(LogRecord)) (result []byte, ferr *function.Error, err error) {
+	if err := c.lock(ctx, "await", call); err != nil {
+		return nil, nil, err
+	}
+	defer c.unlock()
+	h, body, err := c.exchange(ctx, "await", call, nil, nil, onLog)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.callReply(ctx, "await", call, h, body, onLog)
+}
+
+// callReply reads a call's outcome from its first non-log frame h: the
+// result, the handler's error, or a hand-over for a checkpoint (after any
+// number of deferrals). The caller holds the lock.
+func (c *Client) callReply(ctx context.Context, op, id string, h *Header, body []byte, onLog func(LogRecord)) ([]byte, *function.Error, error) {
+	var ck Checkpointed
+	var firstDefer time.Time
+	for h.Type == TypeCheckpointDeferred && h.ID == id {
+		if ck.Defers == 0 {
+			firstDefer = time.Now()
+		}
+		ck.Defers++
+		ck.Reason = h.Reason
+		var err error
+		if h, body, err = c.exchange(ctx, op, id, nil, nil, onLog); err != nil {
+			return nil, nil, err
+		}
+	}
+	if h.ID != id {
+		return nil, nil, c.violation(op, id, "agent answered with %q for call %q", h.Type, h.ID)
 	}
 	switch h.Type {
 	case TypeResult:
 		return body, nil, nil
 	case TypeError:
 		if h.Error == nil {
-			return nil, nil, c.violation("invoke", p.ID, "error frame carries no error")
+			return nil, nil, c.violation(op, id, "error frame carries no error")
 		}
 		return nil, h.Error, nil
+	case TypeCheckpointReady:
+		if h.InCall != id {
+			return nil, nil, c.violation(op, id, "checkpoint-ready during call %q names call %q", id, h.InCall)
+		}
+		ck.CallID, ck.RSS = id, h.RSSAfter
+		if !firstDefer.IsZero() {
+			ck.Wait = time.Since(firstDefer)
+		}
+		if err := c.awaitHandOver(ctx, op, id, onLog); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, &ck
 	default:
-		return nil, nil, c.violation("invoke", p.ID, "agent answered invoke with %q, want %q or %q", h.Type, TypeResult, TypeError)
+		return nil, nil, c.violation(op, id, "agent answered %s with %q, want %q or %q", op, h.Type, TypeResult, TypeError)
 	}
 }
 

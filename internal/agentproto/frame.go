@@ -61,6 +61,11 @@ const (
 	TypeCheckpointReady   = "checkpoint-ready"   // agent → worker; then the agent closes this socket
 	TypeAfterRestore      = "after-restore"      // worker → agent, first frame on the new socket
 	TypeResumed           = "resumed"            // agent → worker
+	// Mid-call checkpoints: the worker signals the agent (CheckpointSignal);
+	// the agent answers checkpoint-ready with the call's id, or
+	// checkpoint-deferred while the call holds a socket the dump could not
+	// capture (the worker signals again).
+	TypeCheckpointDeferred = "checkpoint-deferred" // agent → worker, during a call
 )
 
 // Error types the agents use for protocol-level refusals (function.Error.ErrorType).
@@ -118,6 +123,15 @@ type Header struct {
 	// invoke
 	DeadlineMS int64  `json:"deadline_ms,omitempty"` // Unix milliseconds
 	TraceID    string `json:"trace_id,omitempty"`
+	// CheckpointListen (invoke): the call may be checkpointed while it
+	// runs; on CheckpointSignal the agent listens on this socket path for
+	// the restoring worker's connection.
+	CheckpointListen string `json:"checkpoint_listen,omitempty"`
+	// InCall (checkpoint-ready, resumed): the call that was running when
+	// the agent handed its socket over, and runs on after the restore.
+	InCall string `json:"in_call,omitempty"`
+	// Reason (checkpoint-deferred): why the agent cannot be dumped now.
+	Reason string `json:"reason,omitempty"`
 
 	// log
 	Stream string `json:"stream,omitempty"` // stdout|stderr

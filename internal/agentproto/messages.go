@@ -3,6 +3,7 @@ package agentproto
 import (
 	"errors"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/torpor-dev/torpor/internal/function"
@@ -55,6 +56,32 @@ type InvokeParams struct {
 	// agent's now + InitParams.Timeout.
 	Deadline time.Time
 	TraceID  string // exported to the handler as _X_AMZN_TRACE_ID
+	// CheckpointListen, when set, lets the worker checkpoint the call
+	// while it runs (see CheckpointSignal): the agent then listens on this
+	// socket path, inside the instance, for the restoring worker.
+	CheckpointListen string
+}
+
+// CheckpointSignal asks an agent whose call runs with CheckpointListen to
+// hand the call over for a checkpoint. Its answer arrives on the call's
+// Invoke, which then returns a *Checkpointed error.
+const CheckpointSignal = syscall.SIGUSR2
+
+// Checkpointed is the error Invoke returns when the agent handed the
+// running call over for a checkpoint: the agent has closed its socket and
+// waits, quiescent, on the call's CheckpointListen path. Dump the instance
+// now; whoever restores it connects there and collects the result with
+// AfterRestore and Await. The Client is closed.
+type Checkpointed struct {
+	CallID string
+	RSS    int64         // the agent's resident bytes at the hand-over
+	Defers int           // times the agent deferred (it held a socket)
+	Reason string        // the last deferral's reason
+	Wait   time.Duration // from the first deferral to the hand-over
+}
+
+func (e *Checkpointed) Error() string {
+	return "call " + e.CallID + " handed over for a checkpoint"
 }
 
 // LogRecord is a chunk of output an instance wrote to stdout or stderr.

@@ -27,6 +27,7 @@ import (
 	"github.com/torpor-dev/torpor/internal/dispatch"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/gateway"
+	"github.com/torpor-dev/torpor/internal/notice"
 	"github.com/torpor-dev/torpor/internal/registry"
 	"github.com/torpor-dev/torpor/internal/sandbox"
 	"github.com/torpor-dev/torpor/internal/snapshot"
@@ -127,7 +128,8 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		w, err = worker.New(ctx, worker.Config{ID: cfg.WorkerID, Home: cfg.Home, Python: py.Path, PythonHome: py.Prefix,
 			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
 			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB,
-			NoTemplates: !cfg.Templates, TemplateTTL: cfg.TemplateTTL, ReclaimLowMB: cfg.ReclaimLowMB, ReclaimHighMB: cfg.ReclaimHighMB},
+			NoTemplates: !cfg.Templates, TemplateTTL: cfg.TemplateTTL, ReclaimLowMB: cfg.ReclaimLowMB, ReclaimHighMB: cfg.ReclaimHighMB,
+			EvictionGrace: cfg.EvictionGrace},
 			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))
 		if err != nil {
 			return err
@@ -180,8 +182,21 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 		log.Info("torpor is serving", serving...)
 	}
 
+	var evicted <-chan struct{}
+	if w != nil {
+		evicted = w.Evicted()
+		if err := watchNotices(runCtx, cfg, w, log.With("part", "notice")); err != nil {
+			return err
+		}
+	}
 	select {
 	case <-ctx.Done():
+		if w != nil {
+			// SIGTERM is how a node is told it goes away (spot reclaim,
+			// scale-in, systemd stop): move running calls first.
+			w.Evict(context.WithoutCancel(ctx), cfg.EvictionGrace, "SIGTERM")
+		}
+	case <-evicted:
 	case err := <-srvErr:
 		if !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
@@ -189,6 +204,44 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 	}
 	log.Info("shutting down")
 	return nil
+}
+
+// watchNotices polls the cloud's metadata service for an eviction notice
+// (--eviction-notice) and evicts the worker when one comes.
+func watchNotices(ctx context.Context, cfg config.Config, w *worker.Worker, log *slog.Logger) error {
+	src, err := notice.New(cfg.EvictionNotice, cfg.MetadataURL)
+	if err != nil || src == nil {
+		return err
+	}
+	log.Info("watching for eviction notices", "provider", src.Provider(), "every", cfg.EvictionPoll)
+	go func() {
+		n, err := notice.Watch(ctx, src, cfg.EvictionPoll, log)
+		if err != nil {
+			return // ctx ended: the worker is shutting down anyway
+		}
+		w.Evict(context.WithoutCancel(ctx), noticeGrace(n, cfg.EvictionGrace, time.Now()), n.Provider+" eviction notice: "+n.Detail)
+		if az, ok := src.(*notice.Azure); ok && n.Detail != "" {
+			// The calls are gone: let Azure go ahead now rather than at
+			// NotBefore.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := az.Acknowledge(actx, n.Detail); err != nil {
+				log.Warn("acknowledge the eviction", "err", err)
+			}
+		}
+	}()
+	return nil
+}
+
+// noticeGrace is the grace period of an eviction announced by n: until its
+// deadline, less a margin for the worker to exit (a sixth, at most 5 s),
+// or def when the provider names no deadline.
+func noticeGrace(n notice.Notice, def time.Duration, now time.Time) time.Duration {
+	if n.Deadline.IsZero() {
+		return def
+	}
+	left := n.Deadline.Sub(now)
+	return max(left-min(left/6, 5*time.Second), 0)
 }
 
 // loadAPIToken returns the token the gateway requires, creating the token

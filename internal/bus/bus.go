@@ -46,6 +46,12 @@ const (
 	SubjSnapshot = "torpor.snapshot"
 	// SubjCalls + function name: durable async calls in StreamCalls.
 	SubjCalls = "torpor.calls."
+	// SubjResume + function name: calls checkpointed while they ran
+	// (eviction, slice end), waiting in StreamCalls for a worker to
+	// restore and finish them.
+	SubjResume = "torpor.resume."
+	// SubjEvict + worker token (EvictSubject): start that worker's eviction.
+	SubjEvict = "torpor.workers.evict."
 	// SubjLogs + function name: batches of log lines in StreamLogs.
 	SubjLogs = "torpor.logs."
 
@@ -267,8 +273,8 @@ func (b *Bus) declare(ctx context.Context) error {
 		return fmt.Errorf("declare object store %s: %w", BucketCode, err)
 	}
 	if b.CallQueue, err = b.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: StreamCalls, Description: "accepted async calls, removed when a worker acks them",
-		Subjects: []string{SubjCalls + ">"}, Retention: jetstream.WorkQueuePolicy,
+		Name: StreamCalls, Description: "accepted async calls and checkpointed calls to resume, removed when a worker acks them",
+		Subjects: []string{SubjCalls + ">", SubjResume + ">"}, Retention: jetstream.WorkQueuePolicy,
 		Storage: jetstream.FileStorage, Duplicates: 10 * time.Minute, MaxMsgSize: MaxPayload,
 	}); err != nil {
 		return fmt.Errorf("declare stream %s: %w", StreamCalls, err)
@@ -363,3 +369,6 @@ func WorkerToken(workerID string) string {
 	}
 	return string(b)
 }
+
+// EvictSubject is the subject of eviction requests for one worker.
+func EvictSubject(workerID string) string { return SubjEvict + WorkerToken(workerID) }

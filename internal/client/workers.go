@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -25,6 +26,23 @@ func (c *Client) Worker(ctx context.Context, id string) (api.WorkerInfo, error) 
 		return out, errdefs.Invalid(fmt.Sprintf("invalid worker id %q: use an id `torpor workers` lists", id))
 	}
 	err := c.doJSON(ctx, http.MethodGet, "/v1/workers/"+url.PathEscape(id), nil, nil, &out)
+	return out, err
+}
+
+// Evict asks worker id to evict itself: stop taking calls, move its running
+// calls to other workers within req.GraceMS (0: the worker's
+// --eviction-grace) and exit. It returns once the worker has begun, with
+// the calls it was running and the grace in effect.
+func (c *Client) Evict(ctx context.Context, id string, req api.EvictRequest) (api.EvictReport, error) {
+	var out api.EvictReport
+	if id == "" || id == "." || id == ".." {
+		return out, errdefs.Invalid(fmt.Sprintf("invalid worker id %q: use an id `torpor workers` lists", id))
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return out, err
+	}
+	err = c.doJSON(ctx, http.MethodPost, "/v1/workers/"+url.PathEscape(id)+"/evict", nil, body, &out)
 	return out, err
 }
 

@@ -14,7 +14,10 @@ import (
 )
 
 // workers is a directory of one worker, w1, that holds function fn.
-type workers struct{ dropped string }
+type workers struct {
+	dropped string
+	evicted api.EvictRequest
+}
 
 func (workers) List(context.Context) ([]api.WorkerSummary, error) {
 	return []api.WorkerSummary{{ID: "w1", MemoryBudgetMB: 1024, Holdings: []api.Holding{{Function: "fn", Version: 1, Idle: 2}}}}, nil
@@ -34,6 +37,17 @@ func (w *workers) Drop(_ context.Context, name string, version int, keep bool) (
 	}
 	w.dropped = fmt.Sprint(name, " ", version, " ", keep)
 	return api.DropResult{Instances: 2, Workers: 1}, nil
+}
+
+func (w *workers) Evict(_ context.Context, id string, req api.EvictRequest) (api.EvictReport, error) {
+	if id != "w1" {
+		return api.EvictReport{}, errdefs.NotFound(fmt.Sprintf("no worker %q is running", id))
+	}
+	if req.GraceMS < 0 {
+		return api.EvictReport{}, errdefs.Invalid("invalid grace_ms")
+	}
+	w.evicted = req
+	return api.EvictReport{Worker: id, Reason: req.Reason, GraceMS: req.GraceMS, Running: 4}, nil
 }
 
 func TestWorkers(t *testing.T) {
@@ -72,5 +86,25 @@ func TestWorkers(t *testing.T) {
 	}
 	if _, err := c.DropInstances(ctx, "ghost", 0, false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("DropInstances(ghost) = %v, want ErrNotFound", err)
+	}
+
+	req := api.EvictRequest{GraceMS: 2500, Reason: "maintenance"}
+	rep, err := c.Evict(ctx, "w1", req)
+	if want := (api.EvictReport{Worker: "w1", Reason: "maintenance", GraceMS: 2500, Running: 4}); err != nil || rep != want || wk.evicted != req {
+		t.Errorf("Evict(w1) = %+v, %v; server saw %+v", rep, err, wk.evicted)
+	}
+	for _, tt := range []struct {
+		id   string
+		req  api.EvictRequest
+		want error
+	}{
+		{"w2", api.EvictRequest{}, errdefs.ErrNotFound},
+		{"w1", api.EvictRequest{GraceMS: -1}, errdefs.ErrInvalid},
+		{"", api.EvictRequest{}, errdefs.ErrInvalid},
+		{"..", api.EvictRequest{}, errdefs.ErrInvalid},
+	} {
+		if _, err := c.Evict(ctx, tt.id, tt.req); !errors.Is(err, tt.want) {
+			t.Errorf("Evict(%q, %+v) = %v, want %v", tt.id, tt.req, err, tt.want)
+		}
 	}
 }

@@ -71,6 +71,17 @@ type Config struct {
 	CRIU string
 	// SnapshotCompression is zstd, lz4 or none.
 	SnapshotCompression string
+
+	// EvictionGrace is how long a worker has, from SIGTERM or an evict
+	// request, to move its running calls elsewhere before it exits.
+	EvictionGrace time.Duration
+	// EvictionNotice names the cloud whose eviction notices the worker
+	// polls (aws, gcp, azure; none or empty: no polling); MetadataURL
+	// overrides that cloud's metadata endpoint (tests, proxies);
+	// EvictionPoll is how often it asks.
+	EvictionNotice string
+	MetadataURL    string
+	EvictionPoll   time.Duration
 }
 
 // SnapshotStoreSpec is the snapshot store: --snapshot-store, or the
@@ -129,12 +140,14 @@ func Default() Config {
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
 		Templates: true, TemplateTTL: time.Hour,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none", SnapshotCompression: "zstd",
+		EvictionGrace: 30 * time.Second, EvictionPoll: 2 * time.Second,
 	}
 	env := map[string]*string{
 		"TORPOR_LISTEN": &c.Listen, "TORPOR_LOG_LEVEL": &c.LogLevel, "TORPOR_NATS": &c.NATSURL,
 		"TORPOR_NATS_LISTEN": &c.NATSListen, "TORPOR_NATS_TOKEN": &c.NATSToken, "TORPOR_WORKER_ID": &c.WorkerID,
 		"TORPOR_PYTHON": &c.Python, "TORPOR_AUTH": (*string)(&c.Auth), "TORPOR_API_TOKEN_FILE": &c.APITokenFile,
 		"TORPOR_SNAPSHOT_STORE": &c.SnapshotStore, "TORPOR_CLUSTER_KEY_FILE": &c.ClusterKeyFile, "TORPOR_CRIU": &c.CRIU,
+		"TORPOR_EVICTION_NOTICE": &c.EvictionNotice,
 	}
 	for k, p := range env {
 		if v, ok := os.LookupEnv(k); ok {
@@ -214,6 +227,17 @@ func (c *Config) Validate() error {
 	}
 	if c.SandboxNetwork != "none" && c.SandboxNetwork != "host" {
 		errs = append(errs, fmt.Errorf("--sandbox-network %q: use none (isolated, the default) or host (trusted tenants only)", c.SandboxNetwork))
+	}
+	if c.EvictionGrace < 0 {
+		errs = append(errs, fmt.Errorf("--eviction-grace %s: use 0 (stop at once) or a positive duration", c.EvictionGrace))
+	}
+	switch c.EvictionNotice {
+	case "", "none", "aws", "gcp", "azure":
+	default:
+		errs = append(errs, fmt.Errorf("--eviction-notice %q: use aws, gcp, azure or none", c.EvictionNotice))
+	}
+	if c.EvictionPoll < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--eviction-poll %s: use at least 100ms", c.EvictionPoll))
 	}
 	if c.WorkerID == "" {
 		errs = append(errs, errors.New("--worker-id is empty"))

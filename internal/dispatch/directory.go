@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +27,12 @@ import (
 // DropWait bounds how long a drop request waits for the workers' answers.
 const DropWait = 2 * time.Second
 
+// Limits of an eviction request.
+const (
+	MaxEvictGrace     = 24 * time.Hour
+	MaxEvictReasonLen = 200 // characters
+)
+
 // idleHint is how long this dispatcher takes a worker that has just
 // answered a call to hold an idle instance of the call's version again,
 // whatever its last summary said: long enough for the worker's next
@@ -36,7 +43,7 @@ const idleHint = time.Second
 // Directory is this process's view of the worker directory
 // (bus.BucketWorkers), kept current by a KV watch: what every live worker
 // holds. The dispatcher places calls with it, and it serves the /v1/workers
-// routes and the dropping of instances (gateway.Workers).
+// routes, the dropping of instances and evictions (gateway.Workers).
 type Directory struct {
 	bus *bus.Bus
 	reg *registry.Registry
@@ -220,6 +227,73 @@ func (d *Directory) Info(ctx context.Context, id string) (api.WorkerInfo, error)
 		return api.WorkerInfo{}, errdefs.NotFound(fmt.Sprintf("no worker %q is running (worker %q answered): `torpor workers` lists the live ones", id, info.ID))
 	}
 	return info, nil
+}
+
+// Evict asks worker id to evict itself: it stops taking calls, moves its
+// running calls to other workers within the grace period and exits. The
+// worker answers at once, before it moves anything, so the report says how
+// the eviction starts (calls running, grace).
+func (d *Directory) Evict(ctx context.Context, id string, req api.EvictRequest) (api.EvictReport, error) {
+	var rep api.EvictReport
+	if id == "" || len(id) > 256 {
+		return rep, errdefs.Invalid(fmt.Sprintf("invalid worker id %q: use an id `torpor workers` lists", id))
+	}
+	if req.GraceMS < 0 || req.GraceMS > MaxEvictGrace.Milliseconds() {
+		return rep, errdefs.Invalid(fmt.Sprintf("invalid grace_ms %d: use 0 (the worker's --eviction-grace) up to %d (%s)",
+			req.GraceMS, MaxEvictGrace.Milliseconds(), MaxEvictGrace))
+	}
+	if n := utf8.RuneCountInString(req.Reason); n > MaxEvictReasonLen {
+		return rep, errdefs.Invalid(fmt.Sprintf("reason is %d characters long: say it in at most %d", n, MaxEvictReasonLen))
+	}
+	// Unlike an info request, an eviction cannot be taken back once the
+	// wrong worker has it: every worker whose id maps to the same subject
+	// token evicts itself. Refuse when the directory shows such a worker.
+	if err := d.checkToken(id); err != nil {
+		return rep, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return rep, fmt.Errorf("evict worker %s: %w", id, err)
+	}
+	msg := nats.NewMsg(bus.EvictSubject(id))
+	msg.Header.Set(callmsg.HWorker, id)
+	msg.Data = body
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	reply, err := d.bus.NC.RequestMsgWithContext(ctx, msg)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return rep, errdefs.NotFound(fmt.Sprintf("no worker %q is running: `torpor workers` lists the live ones", id))
+	}
+	if err != nil {
+		return rep, requestError("evict worker "+id, err)
+	}
+	res, err := callmsg.ParseReply(reply)
+	if err != nil {
+		return rep, fmt.Errorf("evict worker %s: %w", id, err)
+	}
+	if err := json.Unmarshal(res.Payload, &rep); err != nil {
+		return rep, fmt.Errorf("evict worker %s: bad reply: %w", id, err)
+	}
+	if rep.Worker != id {
+		// Another id that maps to the same subject token, which the
+		// directory did not show (yet).
+		d.log.Warn("an evict request reached another worker", "worker", id, "answered", rep.Worker)
+		return api.EvictReport{}, errdefs.NotFound(fmt.Sprintf("no worker %q is running (worker %q answered and is evicting itself): `torpor workers` lists the live ones", id, rep.Worker))
+	}
+	return rep, nil
+}
+
+// checkToken fails when the directory entry under id's key (its subject
+// token) is another live worker's. (Two live workers with one token share
+// one entry too; that the directory cannot tell.)
+func (d *Directory) checkToken(id string) error {
+	d.mu.Lock()
+	w, ok := d.workers[bus.WorkerKey(id)]
+	d.mu.Unlock()
+	if ok && live(w.seen) && w.sum.ID != id {
+		return errdefs.NotFound(fmt.Sprintf("no worker %q is running (worker %q is, under the same subject): `torpor workers` lists the live ones", id, w.sum.ID))
+	}
+	return nil
 }
 
 // Drop asks every worker to stop the idle instances of name (version 0:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -207,6 +208,117 @@ func TestDirectoryListAndInfo(t *testing.T) {
 		if _, err := dir.Info(ctx, tt.id); !errors.Is(err, tt.want) {
 			t.Errorf("Info(%q) = %v, want %v", tt.id, err, tt.want)
 		}
+	}
+}
+
+// fakeEvictee answers eviction requests on id's subject as worker answer
+// would, and sends each request it gets on the returned channel.
+func (e *env) fakeEvictee(t *testing.T, id, answer string) <-chan api.EvictRequest {
+	t.Helper()
+	asked := make(chan api.EvictRequest, 10)
+	sub, err := e.bus.NC.Subscribe(bus.EvictSubject(id), func(m *nats.Msg) {
+		var req api.EvictRequest
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			_ = m.RespondMsg(callmsg.ErrorReply(errdefs.Invalid("malformed evict request: " + err.Error())))
+			return
+		}
+		asked <- req
+		if req.Reason == "refuse" {
+			_ = m.RespondMsg(callmsg.ErrorReply(errdefs.Invalid("grace is too long")))
+			return
+		}
+		grace := req.GraceMS
+		if grace == 0 {
+			grace = 30000
+		}
+		body, _ := json.Marshal(api.EvictReport{Worker: answer, Reason: req.Reason, GraceMS: grace, Running: 3})
+		_ = m.RespondMsg(callmsg.Reply(function.InvokeResult{Payload: body}))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := e.bus.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return asked
+}
+
+func TestDirectoryEvict(t *testing.T) {
+	e := newEnv(t)
+	dir := e.withDirectory(t)
+	ctx := testenv.Ctx(t)
+	asked := e.fakeEvictee(t, "w1", "w1")
+
+	for _, tt := range []struct {
+		name string
+		req  api.EvictRequest
+		want api.EvictReport
+	}{
+		{"defaults", api.EvictRequest{}, api.EvictReport{Worker: "w1", GraceMS: 30000, Running: 3}},
+		{"grace and reason", api.EvictRequest{GraceMS: 5000, Reason: "spot reclaim"},
+			api.EvictReport{Worker: "w1", Reason: "spot reclaim", GraceMS: 5000, Running: 3}},
+	} {
+		rep, err := dir.Evict(ctx, "w1", tt.req)
+		if err != nil || rep != tt.want {
+			t.Errorf("%s: Evict = %+v, %v; want %+v", tt.name, rep, err, tt.want)
+		}
+		if got := <-asked; got != tt.req {
+			t.Errorf("%s: the worker was asked %+v, want %+v", tt.name, got, tt.req)
+		}
+	}
+
+	// The worker's own refusal keeps its class.
+	if _, err := dir.Evict(ctx, "w1", api.EvictRequest{Reason: "refuse"}); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "grace is too long") {
+		t.Errorf("Evict refused by the worker = %v, want its ErrInvalid", err)
+	}
+	<-asked
+
+	// Requests that are wrong never reach a worker.
+	for _, tt := range []struct {
+		name, id string
+		req      api.EvictRequest
+		want     error
+		msg      string
+	}{
+		{"no worker", "nope", api.EvictRequest{}, errdefs.ErrNotFound, `no worker "nope" is running`},
+		{"empty id", "", api.EvictRequest{}, errdefs.ErrInvalid, "invalid worker id"},
+		{"long id", strings.Repeat("w", 257), api.EvictRequest{}, errdefs.ErrInvalid, "invalid worker id"},
+		{"negative grace", "w1", api.EvictRequest{GraceMS: -1}, errdefs.ErrInvalid, "invalid grace_ms -1"},
+		{"grace over a day", "w1", api.EvictRequest{GraceMS: MaxEvictGrace.Milliseconds() + 1}, errdefs.ErrInvalid, "up to 86400000"},
+		{"long reason", "w1", api.EvictRequest{Reason: strings.Repeat("é", MaxEvictReasonLen+1)}, errdefs.ErrInvalid, "at most 200"},
+	} {
+		_, err := dir.Evict(ctx, tt.id, tt.req)
+		if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("%s: Evict = %v, want %v with %q", tt.name, err, tt.want, tt.msg)
+		}
+	}
+	if _, err := dir.Evict(ctx, "w1", api.EvictRequest{Reason: strings.Repeat("é", MaxEvictReasonLen)}); err != nil {
+		t.Errorf("Evict with a reason of %d characters: %v", MaxEvictReasonLen, err)
+	}
+	<-asked
+	select {
+	case req := <-asked:
+		t.Errorf("a bad request reached the worker: %+v", req)
+	default:
+	}
+
+	// Worker x_y has the subject of x.y too. Not in the directory (yet), it
+	// answers, and the answer is not taken for x.y's.
+	xy := e.fakeEvictee(t, "x_y", "x_y")
+	if _, err := dir.Evict(ctx, "x.y", api.EvictRequest{}); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), `worker "x_y" answered`) {
+		t.Errorf("Evict(x.y) answered by x_y = %v, want ErrNotFound", err)
+	}
+	<-xy
+	// In the directory, it is not asked on x.y's behalf.
+	e.publish(t, dir, summary("x_y", 0))
+	if _, err := dir.Evict(ctx, "x.y", api.EvictRequest{}); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), `worker "x_y" is`) {
+		t.Errorf("Evict(x.y) with x_y in the directory = %v, want ErrNotFound", err)
+	}
+	select {
+	case req := <-xy:
+		t.Errorf("x_y was asked to evict for x.y: %+v", req)
+	default:
 	}
 }
 

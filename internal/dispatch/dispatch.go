@@ -34,6 +34,9 @@ var _ gateway.Backend = (*Dispatcher)(nil)
 // function's own timeout before the dispatcher gives up on the worker.
 const StartBudget = 30 * time.Second
 
+// MoveBudget is added to a sync call's budget on top of StartBudget.
+const MoveBudget = time.Minute // a call that moves between workers waits for checkpoints and restores
+
 // Local is a worker in the dispatcher's own process. A call that it can
 // serve hot skips the NATS round trip; every other call goes through NATS,
 // so placement across workers is unchanged.
@@ -207,7 +210,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	if err != nil {
 		return function.InvokeResult{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, ver.Timeout()+StartBudget)
+	ctx, cancel := context.WithTimeout(ctx, ver.MaxDuration()+StartBudget+MoveBudget)
 	defer cancel()
 	if d.local != nil && d.local.HasIdle(ver.Name, ver.Version) {
 		return d.local.Serve(ctx, req)

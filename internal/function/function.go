@@ -54,7 +54,26 @@ type Spec struct {
 	TimeoutSec  float64           `json:"timeout_s"`
 	Env         map[string]string `json:"env,omitempty"`
 	Concurrency int               `json:"concurrency,omitempty"` // max parallel instances; 0 = no limit
+	// MaxDurationSec, when longer than TimeoutSec, lets a call run that
+	// long in all: each slice of TimeoutSec ends with a checkpoint, and
+	// the call resumes from it, on this worker or another (R-Check's time
+	// limits). 0 means TimeoutSec.
+	MaxDurationSec float64 `json:"max_duration_s,omitempty"`
 }
+
+// MaxMaxDuration bounds MaxDurationSec.
+const MaxMaxDuration = 24 * time.Hour
+
+// MaxDuration is the total run time a call may have, across slices.
+func (s Spec) MaxDuration() time.Duration {
+	if s.MaxDurationSec > s.TimeoutSec {
+		return time.Duration(s.MaxDurationSec * float64(time.Second))
+	}
+	return s.Timeout()
+}
+
+// Sliced reports whether calls run in several slices (MaxDuration > Timeout).
+func (s Spec) Sliced() bool { return s.MaxDurationSec > s.TimeoutSec }
 
 // Timeout returns the spec's timeout as a duration.
 func (s Spec) Timeout() time.Duration { return time.Duration(s.TimeoutSec * float64(time.Second)) }
@@ -84,6 +103,10 @@ func (s *Spec) Normalize() error {
 	}
 	if !(s.TimeoutSec >= 0.1 && s.TimeoutSec <= MaxTimeout.Seconds()) { // also rejects NaN and ±Inf
 		return errdefs.Invalid(fmt.Sprintf("timeout %gs out of range: use 0.1-%g seconds", s.TimeoutSec, MaxTimeout.Seconds()))
+	}
+	if s.MaxDurationSec != 0 && !(s.MaxDurationSec >= s.TimeoutSec && s.MaxDurationSec <= MaxMaxDuration.Seconds()) {
+		return errdefs.Invalid(fmt.Sprintf("max duration %gs out of range: use 0 (same as the timeout) or %g-%g seconds; each slice of a call is at most the timeout, %gs",
+			s.MaxDurationSec, s.TimeoutSec, MaxMaxDuration.Seconds(), s.TimeoutSec))
 	}
 	if s.Concurrency < 0 || s.Concurrency > MaxConcurrency {
 		return errdefs.Invalid(fmt.Sprintf("concurrency %d out of range: use 0 (no limit) to %d", s.Concurrency, MaxConcurrency))
@@ -128,6 +151,19 @@ const (
 	StatusRunning   = "running"
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed" // the handler raised, timed out, ran out of memory or crashed
+	StatusMoving    = "moving" // checkpointed, waiting for a worker to restore it
+)
+
+// Outcomes of an attempt besides succeeded and failed.
+const (
+	OutcomeLost         = "lost"         // its worker died without a checkpoint: the call runs again from the start
+	OutcomeCheckpointed = "checkpointed" // it left its worker as a snapshot: the next attempt resumes it
+)
+
+// Reasons an attempt ended early.
+const (
+	ReasonEviction = "eviction" // its worker was being evicted
+	ReasonSlice    = "slice"    // the slice (the timeout) ended before the call's max duration
 )
 
 // Start paths: how the instance that served a call was obtained.
@@ -136,6 +172,7 @@ const (
 	StartWarm    = "warm"    // forked from a function template
 	StartCold    = "cold"    // a new instance was started and the code imported
 	StartRestore = "restore" // restored from a snapshot
+	StartResume  = "resume"  // a call's own checkpoint, restored to finish it
 )
 
 // Error is the Lambda-shaped error a failed call returns.
@@ -153,7 +190,17 @@ type Attempt struct {
 	Start      string    `json:"start,omitempty"` // hot|warm|cold|restore
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
-	Outcome    string    `json:"outcome,omitempty"` // succeeded|failed|lost
+	Outcome    string    `json:"outcome,omitempty"` // succeeded|failed|lost|checkpointed
+
+	// A call that moves between workers (eviction, slice end) leaves one
+	// attempt per hop. An attempt that ended "checkpointed" left as
+	// Snapshot; the next one started from it ("restore").
+	Reason       string  `json:"reason,omitempty"`        // why it ended early: eviction|slice|crash
+	Snapshot     string  `json:"snapshot,omitempty"`      // the image this attempt left as, or started from
+	RunMS        float64 `json:"run_ms,omitempty"`        // handler time in this attempt
+	CheckpointMS float64 `json:"checkpoint_ms,omitempty"` // from the hand-over request until the image was stored
+	ImageBytes   int64   `json:"image_bytes,omitempty"`   // stored (compressed) size of the image
+	RestoreMS    float64 `json:"restore_ms,omitempty"`    // fetching, verifying and restoring the image
 }
 
 // Call is the durable record of one invocation.

@@ -71,6 +71,7 @@ func authRequests(t *testing.T) []struct{ method, path, body string } {
 		{"POST", "/v1/snapshots/gc", ""},
 		{"GET", "/v1/workers", ""},
 		{"GET", "/v1/workers/c1", ""},
+		{"POST", "/v1/workers/c1/evict", ""},
 		{"POST", "/2015-03-31/functions/echo/invocations", "{}"},
 		{"DELETE", "/v1/functions/echo", ""}, // last: it removes echo
 		{"GET", "/v1/nothing", ""},

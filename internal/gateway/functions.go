@@ -61,7 +61,7 @@ func decodeDeploy(w http.ResponseWriter, r *http.Request, name string) (api.Depl
 			return req, errdefs.TooLarge(fmt.Sprintf("deploy request over %d bytes: the code zip may be at most %d MB", int64(maxDeployBody), function.MaxCodeZipBytes>>20))
 		}
 		return req, errdefs.Invalid("invalid deploy request: " + err.Error() +
-			`: send {"runtime","handler","memory_mb","timeout_s","env","concurrency","code_zip":"<base64 zip>"}`)
+			`: send {"runtime","handler","memory_mb","timeout_s","env","concurrency","max_duration_s","code_zip":"<base64 zip>"}`)
 	}
 	if req.Name != "" && req.Name != name {
 		return req, errdefs.Invalid(fmt.Sprintf("the body names function %q but the path names %q: drop name from the body or make them equal", req.Name, name))

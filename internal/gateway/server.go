@@ -94,6 +94,7 @@ func New(b Backend, opts Options) *Server {
 
 		{"GET /v1/workers", s.handleListWorkers},
 		{"GET /v1/workers/{id}", s.handleGetWorker},
+		{"POST /v1/workers/{id}/evict", s.handleEvictWorker},
 
 		{"POST /2015-03-31/functions/{name}/invocations", s.handleLambdaInvoke},
 	}

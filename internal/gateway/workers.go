@@ -1,8 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -24,7 +28,15 @@ type Workers interface {
 	// version) and, unless keepTemplates, its function templates, on
 	// every worker; ErrNotFound when the function or version does not exist.
 	Drop(ctx context.Context, name string, version int, keepTemplates bool) (api.DropResult, error)
+	// Evict asks one worker to evict itself (stop taking calls, move its
+	// running calls elsewhere within the grace period, exit) and returns
+	// how the eviction starts; ErrNotFound when no worker has that id,
+	// ErrInvalid for a bad grace or reason.
+	Evict(ctx context.Context, id string, req api.EvictRequest) (api.EvictReport, error)
 }
+
+// maxEvictBody bounds an evict request body.
+const maxEvictBody = 64 << 10
 
 func (s *Server) workers() (Workers, error) {
 	if s.wks == nil {
@@ -99,4 +111,54 @@ func (s *Server) handleDropInstances(w http.ResponseWriter, r *http.Request) {
 		slog.Bool("keep_templates", keep), slog.Int("instances", res.Instances), slog.Int("templates", res.Templates),
 		slog.Int("workers", res.Workers))
 	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) handleEvictWorker(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	req, err := decodeEvict(w, r)
+	var (
+		wk  Workers
+		rep api.EvictReport
+	)
+	if err == nil {
+		wk, err = s.workers()
+	}
+	if err == nil {
+		rep, err = wk.Evict(r.Context(), id, req)
+	}
+	if err != nil {
+		s.fail(w, r, err, slog.String("worker", id))
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelInfo, "worker eviction requested", slog.String("worker", rep.Worker),
+		slog.String("reason", rep.Reason), slog.Int64("grace_ms", rep.GraceMS), slog.Int("running", rep.Running))
+	writeJSON(w, http.StatusAccepted, rep)
+}
+
+// decodeEvict reads an optional evict request body: none, or whitespace
+// only, asks for the worker's defaults.
+func decodeEvict(w http.ResponseWriter, r *http.Request) (api.EvictRequest, error) {
+	var req api.EvictRequest
+	const want = `: send {"grace_ms": MILLISECONDS, "reason": "TEXT"}, both optional, or no body`
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEvictBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return req, errdefs.Invalid(fmt.Sprintf("evict request over %d bytes%s", maxEvictBody, want))
+		}
+		return req, errdefs.Invalid("cannot read the evict request: " + err.Error() + want)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&req)
+	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("unexpected data after the JSON object")
+	}
+	if err != nil {
+		return req, errdefs.Invalid("invalid evict request: " + err.Error() + want)
+	}
+	return req, nil
 }

@@ -26,6 +26,7 @@ type fakeWorkers struct {
 
 	mu      sync.Mutex
 	dropped []string // "fn version keep"
+	evicted []api.EvictRequest
 }
 
 func (f *fakeWorkers) List(context.Context) ([]api.WorkerSummary, error) { return f.list, nil }
@@ -50,6 +51,28 @@ func (f *fakeWorkers) Drop(_ context.Context, name string, version int, keep boo
 		res.Templates = 1
 	}
 	return res, nil
+}
+
+// Evict validates as the directory does, then has worker id report 2
+// calls running.
+func (f *fakeWorkers) Evict(_ context.Context, id string, req api.EvictRequest) (api.EvictReport, error) {
+	if req.GraceMS < 0 {
+		return api.EvictReport{}, errdefs.Invalid(fmt.Sprintf("invalid grace_ms %d: use 0 (the worker's --eviction-grace) or more", req.GraceMS))
+	}
+	if _, ok := f.infos[id]; !ok {
+		return api.EvictReport{}, errdefs.NotFound(fmt.Sprintf("no worker %q is running", id))
+	}
+	f.mu.Lock()
+	f.evicted = append(f.evicted, req)
+	f.mu.Unlock()
+	grace, reason := req.GraceMS, req.Reason
+	if grace == 0 {
+		grace = 30000
+	}
+	if reason == "" {
+		reason = "evict request"
+	}
+	return api.EvictReport{Worker: id, Reason: reason, GraceMS: grace, Running: 2}, nil
 }
 
 func newWorkersServer(t *testing.T, wk Workers) *testServer {
@@ -186,6 +209,63 @@ func TestDropInstances(t *testing.T) {
 	}
 }
 
+func TestEvictWorker(t *testing.T) {
+	wk := &fakeWorkers{infos: map[string]api.WorkerInfo{"w1": {WorkerSummary: api.WorkerSummary{ID: "w1"}}}}
+	ts := newWorkersServer(t, wk)
+	for _, tt := range []struct {
+		name, body string
+		asked      api.EvictRequest
+		want       api.EvictReport
+	}{
+		{"no body", "", api.EvictRequest{}, api.EvictReport{Worker: "w1", Reason: "evict request", GraceMS: 30000, Running: 2}},
+		{"empty object", " {} \n", api.EvictRequest{}, api.EvictReport{Worker: "w1", Reason: "evict request", GraceMS: 30000, Running: 2}},
+		{"grace and reason", `{"grace_ms": 5000, "reason": "spot reclaim"}`, api.EvictRequest{GraceMS: 5000, Reason: "spot reclaim"},
+			api.EvictReport{Worker: "w1", Reason: "spot reclaim", GraceMS: 5000, Running: 2}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := ts.do(t, "POST", "/v1/workers/w1/evict", []byte(tt.body), "Content-Type", "application/json")
+			if r.status != http.StatusAccepted {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			if got := decode[api.EvictReport](t, r); got != tt.want {
+				t.Errorf("report %+v, want %+v", got, tt.want)
+			}
+			wk.mu.Lock()
+			defer wk.mu.Unlock()
+			if last := wk.evicted[len(wk.evicted)-1]; last != tt.asked {
+				t.Errorf("backend asked %+v, want %+v", last, tt.asked)
+			}
+		})
+	}
+
+	wk.mu.Lock()
+	asked := len(wk.evicted)
+	wk.mu.Unlock()
+	for _, tt := range []struct {
+		name, path, body string
+		status           int
+		code, msg        string
+	}{
+		{"bad JSON", "/v1/workers/w1/evict", `{"grace_ms":`, http.StatusBadRequest, api.CodeInvalid, "invalid evict request"},
+		{"wrong type", "/v1/workers/w1/evict", `{"grace_ms": "30s"}`, http.StatusBadRequest, api.CodeInvalid, "grace_ms"},
+		{"unknown field", "/v1/workers/w1/evict", `{"grace": 5}`, http.StatusBadRequest, api.CodeInvalid, `unknown field "grace"`},
+		{"trailing data", "/v1/workers/w1/evict", `{} {}`, http.StatusBadRequest, api.CodeInvalid, "after the JSON object"},
+		{"too large", "/v1/workers/w1/evict", `{"reason": "` + strings.Repeat("x", maxEvictBody) + `"}`, http.StatusBadRequest, api.CodeInvalid, "over 65536 bytes"},
+		{"negative grace", "/v1/workers/w1/evict", `{"grace_ms": -1}`, http.StatusBadRequest, api.CodeInvalid, "invalid grace_ms -1"},
+		{"worker not found", "/v1/workers/nope/evict", "", http.StatusNotFound, api.CodeNotFound, `no worker "nope"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			wantError(t, ts.do(t, "POST", tt.path, []byte(tt.body)), tt.status, tt.code, tt.msg)
+		})
+	}
+	wk.mu.Lock()
+	if len(wk.evicted) != asked {
+		t.Errorf("a rejected request reached the backend: %+v", wk.evicted[asked:])
+	}
+	wk.mu.Unlock()
+	wantError(t, ts.do(t, "GET", "/v1/workers/w1/evict", nil), http.StatusMethodNotAllowed, api.CodeMethodNotAllowed, "POST")
+}
+
 // Without a worker directory the routes answer 503, the rest of the API works.
 func TestWorkerRoutesWithoutDirectory(t *testing.T) {
 	ts := newWorkersServer(t, nil)
@@ -193,6 +273,7 @@ func TestWorkerRoutesWithoutDirectory(t *testing.T) {
 	for _, rt := range []struct{ method, path string }{
 		{"GET", "/v1/workers"},
 		{"GET", "/v1/workers/w1"},
+		{"POST", "/v1/workers/w1/evict"},
 		{"DELETE", "/v1/functions/fn/instances"},
 	} {
 		r := ts.do(t, rt.method, rt.path, nil)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/callmsg"
 	"github.com/torpor-dev/torpor/internal/errdefs"
 	"github.com/torpor-dev/torpor/internal/function"
@@ -25,7 +26,7 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
 		return
 	}
-	w.serveSync(ctx, req, func(res function.InvokeResult, err error) {
+	w.serveSync(ctx, req, m.Reply, func(res function.InvokeResult, err error) {
 		reply := callmsg.Reply(res)
 		if err != nil {
 			reply = callmsg.ErrorReply(err)
@@ -47,7 +48,7 @@ func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res fun
 	w.calls.Add(1)
 	w.closeMu.RUnlock()
 	defer w.calls.Done()
-	w.serveSync(ctx, req, func(r function.InvokeResult, e error) { res, err = r, e })
+	w.serveSync(ctx, req, "", func(r function.InvokeResult, e error) { res, err = r, e })
 	return res, err
 }
 
@@ -62,10 +63,34 @@ func (w *Worker) HasIdle(name string, version int) bool {
 }
 
 // serveSync runs a sync call, hands the outcome to reply, then finishes the
-// call's log and record off the caller's path.
-func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, reply func(function.InvokeResult, error)) {
+// call's log and record off the caller's path. A call that moves to
+// another worker is answered by that worker, on replyTo; with no replyTo
+// (an in-process caller) serveSync waits for the answer on an inbox.
+func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, replyTo string, reply func(function.InvokeResult, error)) {
 	created := time.Now().UTC()
 	res, closeLog, err := w.execute(ctx, req, w.cfg.QueueWait)
+	var mv *moved
+	if errors.As(err, &mv) {
+		var sub *nats.Subscription
+		if replyTo == "" {
+			replyTo = w.bus.NC.NewRespInbox()
+			if sub, err = w.bus.NC.SubscribeSync(replyTo); err != nil {
+				reply(res, fmt.Errorf("call %s moved, but waiting for its outcome failed: %v: %w", req.CallID, err, errdefs.ErrUnavailable))
+				return
+			}
+		}
+		if err := w.handOff(ctx, req, mv, "sync", replyTo, created); err != nil {
+			if sub != nil {
+				_ = sub.Unsubscribe()
+			}
+			reply(res, err)
+			return
+		}
+		if sub != nil {
+			reply(awaitMoved(ctx, sub))
+		}
+		return // the worker that finishes the call answers the caller
+	}
 	if err != nil {
 		w.log.Warn("call failed", "fn", req.Function, "call", req.CallID, "err", err)
 		reply(res, err)
@@ -253,6 +278,10 @@ const (
 // call whose record already holds an outcome is not run again.
 func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	m := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
+	if strings.HasPrefix(m.Subject, bus.SubjResume) {
+		w.handleResume(ctx, msg)
+		return
+	}
 	req, err := callmsg.ParseRequest(m)
 	if err != nil {
 		w.log.Error("dropping malformed async message", "subject", msg.Subject(), "err", err)
@@ -294,24 +323,24 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	}
 
 	// Keep JetStream from redelivering while the call runs.
-	hbCtx, stopHB := context.WithCancel(ctx)
-	go func() {
-		t := time.NewTicker(w.bus.AckWait() / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-hbCtx.Done():
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
+	stopHB := w.heartbeat(ctx, msg)
 	res, closeLog, err := w.execute(ctx, req, asyncSlotWait)
 	closeLog()
 	stopHB()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
+	var mv *moved
+	if errors.As(err, &mv) {
+		if herr := w.handOff(ctx, req, mv, "async", "", started); herr != nil {
+			log.Error("moved call could not be queued; it will run again from the start", "err", herr)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		if err := msg.DoubleAck(sctx); err != nil {
+			log.Warn("ack moved async call", "err", err)
+		}
+		return
+	}
 	if err != nil {
 		if ferr := finalAsyncError(err, failures+1); ferr != nil {
 			res.Err = ferr

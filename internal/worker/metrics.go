@@ -15,6 +15,8 @@ type Metrics struct {
 	// reclaimer stopped, by kind.
 	forkFallbacks prometheus.Counter
 	reclaimed     *prometheus.CounterVec
+	// moves counts calls that left this worker as checkpoints, by reason.
+	moves *prometheus.CounterVec
 }
 
 // NewMetrics registers the worker's metrics with reg.
@@ -34,6 +36,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Instances started on their own (cold) because no template could fork them."})
 	m.reclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "torpor_reclaimed_total",
 		Help: "Processes the memory reclaimer stopped, by kind (instance, function-template)."}, []string{"kind"})
-	reg.MustRegister(m.instances, m.starts, m.droppedRecords, m.restoreFailures, m.forkFallbacks, m.reclaimed)
+	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "torpor_call_moves_total",
+		Help: "Running calls that left this worker as checkpoints to finish elsewhere, by reason (eviction, slice)."}, []string{"reason"})
+	reg.MustRegister(m.instances, m.starts, m.droppedRecords, m.restoreFailures, m.forkFallbacks, m.reclaimed, m.moves)
 	return m
 }

@@ -170,7 +170,7 @@ func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.Snap
 	if req.LeaveRunning || err != nil {
 		// The instance is still running (a failed dump lets it go): it
 		// waits for its new control connection.
-		if rerr := w.resume(ctx, in, false); rerr != nil {
+		if rerr := w.reconnectIdle(ctx, in); rerr != nil {
 			w.log.Warn("instance lost after checkpoint", "instance", in.id, "fn", ver.Name, "err", rerr)
 			w.retire(in)
 		} else {
@@ -191,23 +191,14 @@ func (w *Worker) Snapshot(ctx context.Context, req api.SnapshotCreate) (api.Snap
 	return res, nil
 }
 
-// setRunning records which instance runs call (nil: none any more).
-func (w *Worker) setRunning(call string, in *instance) {
-	if in == nil {
-		w.running.Delete(call)
-	} else {
-		w.running.Store(call, in)
-	}
-}
-
 // takeForSnapshot takes an idle instance of ver out of the pool — the one
 // named by id, or the one that served call, or any — or, when neither is
 // named, starts a new one.
 func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id, call string) (*instance, error) {
 	if call != "" {
 		if v, ok := w.running.Load(call); ok {
-			return nil, fmt.Errorf("call %s is still running on instance %s: a running call cannot be checkpointed yet (that comes with migration); snapshot it when it is over: %w",
-				call, v.(*instance).id, errdefs.ErrConflict)
+			return nil, fmt.Errorf("call %s is still running on instance %s: a snapshot of a running call would start every instance in the middle of it; snapshot it when it is over (running calls move between workers on their own, see docs/migration.md): %w",
+				call, v.(*runningCall).in.id, errdefs.ErrConflict)
 		}
 	}
 	w.mu.Lock()
@@ -246,9 +237,15 @@ func (w *Worker) takeForSnapshot(ctx context.Context, ver function.Version, id, 
 	return in, nil
 }
 
-// resume connects to the control socket an instance's agent listens on
+// reconnectIdle reconnects an idle instance left running after a dump.
+func (w *Worker) reconnectIdle(ctx context.Context, in *instance) error {
+	_, err := w.reconnect(ctx, in, false)
+	return err
+}
+
+// reconnect connects to the control socket an instance's agent listens on
 // after a checkpoint, and tells it whether it was restored.
-func (w *Worker) resume(ctx context.Context, in *instance, restored bool) error {
+func (w *Worker) reconnect(ctx context.Context, in *instance, restored bool) (agentproto.Resumed, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.InitTimeout)
 	defer cancel()
 	path := "/proc/" + strconv.Itoa(in.sb.Pid()) + "/root" + ctlListen
@@ -262,27 +259,41 @@ func (w *Worker) resume(ctx context.Context, in *instance, restored bool) error 
 		}
 		select {
 		case <-in.sb.Done():
-			return fmt.Errorf("instance exited before it could be reconnected: %w", err)
+			return agentproto.Resumed{}, fmt.Errorf("instance exited before it could be reconnected: %w", err)
 		case <-ctx.Done():
-			return fmt.Errorf("connect to %s: %w", path, err)
+			return agentproto.Resumed{}, fmt.Errorf("connect to %s: %w", path, err)
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
 	cl := agentproto.NewClient(conn)
-	if _, err := cl.AfterRestore(ctx, restored); err != nil {
+	resumed, err := cl.AfterRestore(ctx, restored)
+	if err != nil {
 		_ = cl.Close()
-		return err
+		return resumed, err
 	}
 	in.cl = cl
-	return nil
+	return resumed, nil
 }
 
 // restore starts an instance of ver from snapshot id (the restore path);
 // the caller has reserved its memory.
 func (w *Worker) restore(ctx context.Context, ver function.Version, id string) (*instance, error) {
+	in, resumed, err := w.restoreInstance(ctx, ver, id)
+	if err == nil && resumed.InCall != "" {
+		w.retire(in)
+		return nil, fmt.Errorf("snapshot %s was taken in the middle of call %s: it resumes that call, it cannot start new ones: %w",
+			id, resumed.InCall, errdefs.ErrInvalid)
+	}
+	return in, err
+}
+
+// restoreInstance restores snapshot id as a live instance of ver and
+// reports what its agent says on reconnection (the call it was running,
+// for a call's own checkpoint).
+func (w *Worker) restoreInstance(ctx context.Context, ver function.Version, id string) (*instance, agentproto.Resumed, error) {
 	codeDir, err := w.codeDir(ctx, ver)
 	if err != nil {
-		return nil, err
+		return nil, agentproto.Resumed{}, err
 	}
 	spec := w.instanceSpec(ver, newInstanceID(), codeDir)
 	var rres snapshot.RestoreResult
@@ -294,13 +305,14 @@ func (w *Worker) restore(ctx context.Context, ver function.Version, id string) (
 		return rres.Restore.Pid, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, agentproto.Resumed{}, err
 	}
 	in := &instance{id: spec.ID, ver: ver, sb: sb, spec: spec}
-	if err := w.resume(ctx, in, true); err != nil {
+	resumed, err := w.reconnect(ctx, in, true)
+	if err != nil {
 		w.destroy(in)
-		return nil, fmt.Errorf("restored instance of %s did not answer: %w", ver.Name, err)
+		return nil, resumed, fmt.Errorf("restored instance of %s did not answer: %w", ver.Name, err)
 	}
 	w.metrics.instances.WithLabelValues("live").Inc()
-	return in, nil
+	return in, resumed, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/agentproto"
 	"github.com/torpor-dev/torpor/internal/bus"
 	"github.com/torpor-dev/torpor/internal/callmsg"
@@ -65,9 +66,17 @@ type Config struct {
 	// templates, until ReclaimHighMB is available again. 0: 5 % and 10 %
 	// of the machine's memory (at least 256 and 512 MB).
 	ReclaimLowMB, ReclaimHighMB int
+	// EvictionGrace is how long an eviction (SIGTERM, an evict request
+	// without a grace of its own) has to move running calls away. Calls
+	// of functions whose timeout is longer run on instances that can be
+	// checkpointed on their own (wantsMovable). Default 30 s.
+	EvictionGrace time.Duration
 }
 
 func (c *Config) defaults() {
+	if c.EvictionGrace == 0 {
+		c.EvictionGrace = 30 * time.Second
+	}
 	if c.IdleTTL == 0 {
 		c.IdleTTL = 10 * time.Minute
 	}
@@ -138,7 +147,11 @@ type Worker struct {
 
 	snap         *snapshots // nil when snapshots are disabled
 	tmpl         *templates
-	running      sync.Map // call id → *instance running it, for snapshot requests by call
+	running      sync.Map // call id → *runningCall
+	stats        *callStats
+	evictOnce    sync.Once
+	evicted      chan struct{} // closed when an eviction is over
+	evictReport  api.EvictReport
 	agentDir     string
 	runtimeBinds []sandbox.Bind
 	extract      singleflight.Group
@@ -179,7 +192,7 @@ func New(ctx context.Context, cfg Config, b *bus.Bus, reg *registry.Registry, ca
 	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, store: calls, sandboxes: sb, metrics: m,
 		idle: map[string][]*instance{}, slots: map[string]*fnSlots{}, records: make(chan function.Call, 4096),
 		capChanged: make(chan struct{}), changed: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
-		extractZip: codezip.Extract}
+		extractZip: codezip.Extract, stats: newCallStats(), evicted: make(chan struct{})}
 	w.tmpl = newTemplates(w)
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
@@ -249,6 +262,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe to validations: %w", err)
 	}
 	w.subs = append(w.subs, sub)
+	if sub, err = w.subscribeEvict(); err != nil {
+		return err
+	}
+	w.subs = append(w.subs, sub)
 	dirSubs, err := w.subscribeDirectory(callCtx)
 	if err != nil {
 		return err
@@ -304,16 +321,27 @@ func (w *Worker) Close(ctx context.Context) {
 	w.closeOnce.Do(func() { w.close(ctx) })
 }
 
-func (w *Worker) close(ctx context.Context) {
+// stopIntake makes the worker take no new calls: it leaves the queue
+// groups and the worker directory and stops fetching async calls. Calls
+// already running carry on.
+func (w *Worker) stopIntake() {
 	w.closeMu.Lock()
+	already := w.closing
 	w.closing = true
 	w.closeMu.Unlock()
+	if already {
+		return
+	}
 	for _, s := range w.subs {
 		_ = s.Unsubscribe()
 	}
 	if w.stopLoops != nil {
 		w.stopLoops()
 	}
+}
+
+func (w *Worker) close(ctx context.Context) {
+	w.stopIntake()
 	if !waitCtx(ctx, &w.calls) {
 		w.log.Warn("shutdown grace period over: abandoning running calls")
 		w.abandon()
@@ -404,7 +432,7 @@ func (w *Worker) acquire(ctx context.Context, ver function.Version, wait time.Du
 // forked from its function template (warm, or cold when the template is
 // made for it), or, when the fork path cannot serve it, on its own (cold).
 func (w *Worker) startNew(ctx context.Context, ver function.Version) (*instance, string, error) {
-	if !w.cfg.NoTemplates {
+	if !w.cfg.NoTemplates && !w.wantsMovable(ver) {
 		in, start, err := w.fork(ctx, ver)
 		if err == nil || !errors.Is(err, errNoTemplate) {
 			return in, start, err
@@ -620,12 +648,75 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 		}
 		in.initLogs = nil
 	}
-	deadline := time.Now().Add(ver.Timeout())
-	ictx, icancel := context.WithDeadline(ctx, deadline)
+	return w.run(ctx, ver, req, in, res, logs, hopState{})
+}
+
+// hopState is what a call brings from the workers it ran on before.
+type hopState struct {
+	elapsed time.Duration // handler time so far
+	n       int           // moves so far
+	resumed bool          // in is the call's restored checkpoint: collect its outcome, do not invoke
+}
+
+// sliceReserve is how long before its slice ends a sliced call is asked
+// to leave: enough for the hand-over, which happens between two bytecodes.
+func sliceReserve(slice time.Duration) time.Duration {
+	return min(max(slice/20, 20*time.Millisecond), time.Second)
+}
+
+// run runs (or, resumed, collects) the call on in and returns its outcome,
+// or a *moved error when it left as a checkpoint (in is gone then).
+func (w *Worker) run(ctx context.Context, ver function.Version, req function.InvokeRequest, in *instance, res function.InvokeResult,
+	logs *callLog, h hopState) (function.InvokeResult, func(), error) {
 	t1 := time.Now()
-	w.setRunning(req.CallID, in)
-	out, ferr, err := in.cl.Invoke(ictx, agentproto.InvokeParams{ID: req.CallID, Payload: req.Payload, Deadline: deadline}, logs.add)
-	w.setRunning(req.CallID, nil)
+	remaining := ver.MaxDuration() - h.elapsed
+	slice := min(ver.Timeout(), remaining)
+	last := remaining <= ver.Timeout()
+	rc := w.startRunning(req.CallID, in, ver, h.elapsed)
+	params := agentproto.InvokeParams{ID: req.CallID, Payload: req.Payload, Deadline: t1.Add(remaining)}
+	if rc.movable {
+		params.CheckpointListen = ctlListen
+		if !last {
+			t := time.AfterFunc(slice-sliceReserve(slice), func() { rc.leave(function.ReasonSlice) })
+			defer t.Stop()
+		}
+	}
+	ictx, icancel := context.WithDeadline(ctx, t1.Add(max(slice, 0)))
+	var out []byte
+	var ferr *function.Error
+	var err error
+	for dumps := 0; ; {
+		if h.resumed {
+			out, ferr, err = in.cl.Await(ictx, req.CallID, logs.add)
+		} else {
+			out, ferr, err = in.cl.Invoke(ictx, params, logs.add)
+		}
+		var ck *agentproto.Checkpointed
+		if !errors.As(err, &ck) {
+			break
+		}
+		rc.armed.Store(false)
+		dumps++
+		mv, cerr := w.checkpointCall(ctx, rc, ck, h.n+1, time.Since(t1))
+		if cerr == nil {
+			icancel()
+			rc.movedAs.Store(&mv.snapshot)
+			w.stopRunning(rc)
+			w.retire(in) // CRIU killed it after the dump
+			logs.platform(fmt.Sprintf("MOVED RequestId: %s Snapshot: %s Reason: %s Checkpoint: %.2f ms Image: %d bytes",
+				req.CallID, mv.snapshot, mv.attempt.Reason, mv.attempt.CheckpointMS, mv.attempt.ImageBytes))
+			w.publishLogs(logs)
+			return res, noop, mv
+		}
+		w.log.Warn("checkpoint of a running call failed; it runs on here", "fn", ver.Name, "call", req.CallID, "attempt", dumps, "err", cerr)
+		if _, err = w.reconnect(ctx, in, false); err != nil {
+			err = fmt.Errorf("call %s lost in a failed checkpoint (%v): %w", req.CallID, cerr, err)
+			break
+		}
+		h.resumed = true
+		rc.armed.Store(dumps < maxDumpAttempts)
+	}
+	w.stopRunning(rc)
 	in.lastCall = req.CallID
 	res.Duration = time.Since(t1)
 	icancel()
@@ -636,14 +727,22 @@ func (w *Worker) execute(ctx context.Context, req function.InvokeRequest, queueW
 			res.Payload, res.Err = nil, &function.Error{ErrorType: "Function.ResponseSizeTooLarge", ErrorMessage: fmt.Sprintf(
 				"Response payload size (%d bytes) exceeded maximum allowed payload size (%d bytes).", len(out), function.MaxPayloadBytes)}
 		}
+		w.stats.observeDuration(ver, h.elapsed+res.Duration)
 		w.release(in)
 	case ctx.Err() != nil:
 		w.retire(in)
 		return res, noop, fmt.Errorf("call %s abandoned (%v): %w", req.CallID, ctx.Err(), errdefs.ErrUnavailable)
-	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(deadline):
+	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(t1.Add(slice)):
 		w.retire(in)
-		res.Err = &function.Error{ErrorType: "Sandbox.Timedout",
-			ErrorMessage: fmt.Sprintf("Task timed out after %.2f seconds", ver.TimeoutSec)}
+		msg := fmt.Sprintf("Task timed out after %.2f seconds", ver.TimeoutSec)
+		switch {
+		case ver.Sliced() && last:
+			msg = fmt.Sprintf("Task timed out after %.2f seconds in all (max duration)", ver.MaxDuration().Seconds())
+		case ver.Sliced():
+			msg = fmt.Sprintf("Task timed out after %.2f seconds: the slice ended before the call could be checkpointed (%s)",
+				ver.TimeoutSec, rc.deferral())
+		}
+		res.Err = &function.Error{ErrorType: "Sandbox.Timedout", ErrorMessage: msg}
 	default:
 		res.Err = w.deathError(in)
 		if res.Err == nil {

@@ -51,6 +51,8 @@ _ctl_gen = 0  # bumped whenever the control socket is replaced (checkpoints)
 _swap_lock = None  # held while the control socket is being replaced
 _wake_r = _wake_w = -1  # a pipe that wakes the log thread when the socket is replaced
 _checkpoint_wall = 0.0  # wall clock when the last checkpoint was prepared
+_in_handler = False  # the user's handler is running (a mid-call checkpoint may hand it over)
+_ckpt_listen = None  # the running call's checkpoint_listen path, if it may be checkpointed
 _role = "instance"  # or "runtime-template", "function-template" (see the templates section)
 _template_fork = False  # set around os.fork() calls of a template: its children are not plain forks
 _status_fd = -1  # templates: where exits of their children are reported
@@ -561,7 +563,7 @@ def _set_trace(trace_id):
 
 
 def _on_invoke(h, body):
-    global _call_id
+    global _call_id, _in_handler, _ckpt_listen
     cid = h.get("id") or ""
     if _handler is None:
         f = _init_fault or _Fault("Protocol.InvalidState", "invoke before init: send init and wait for ready first")
@@ -574,13 +576,19 @@ def _on_invoke(h, body):
     fault = None
     out = b""
     _call_id = cid
+    _ckpt_listen = h.get("checkpoint_listen")
     try:
         event = _loads(str(body, "utf-8")) if len(body) else {}
     except ValueError as e:
         fault = _Fault("Runtime.UnmarshalError", "Unable to unmarshal input: %s" % _exc_message(e))
     if fault is None:
         try:
-            result = _handler(event, LambdaContext(cid, deadline, _cfg))
+            _in_handler = True
+            try:
+                result = _handler(event, LambdaContext(cid, deadline, _cfg))
+            finally:
+                _in_handler = False
+                _ckpt_listen = None
         except SystemExit as e:
             _exit_now(e)
         except BaseException as e:
@@ -625,9 +633,7 @@ def _on_prepare_checkpoint(h):
     connection there: from the worker after a dump that left the instance
     running, or from whichever worker restored the snapshot.
     """
-    global _ctl_gen, _checkpoint_wall
     import gc
-    import socket
 
     cid = h.get("id") or ""
     path = h.get("listen")
@@ -650,25 +656,44 @@ def _on_prepare_checkpoint(h):
             pass  # not glibc, or no ctypes: the dump is just larger
     rss_after = _statm_rss()
     _drain()
-    d = os.path.dirname(path)
     try:
-        os.makedirs(d, 0o700, exist_ok=True)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        lsk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        lsk.bind(path)
-        lsk.listen(1)
+        lsk = _listen(path)
     except OSError as e:
         f = _Fault("Runtime.CheckpointError", "cannot listen on %s for the restored control socket: %s" % (path, e))
         _send({"type": "error", "id": cid, "error": f.as_dict()})
         return
+    _hand_over(lsk, path, {"type": "checkpoint-ready", "id": cid, "rss_before": rss_before, "rss_after": rss_after,
+                           "gc_ms": (_perf() - t0) * 1000.0})
+
+
+def _listen(path):
+    """Listen on the Unix socket path (replacing a stale one) for the next control connection."""
+    import socket
+
+    os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    lsk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lsk.bind(path)
+        lsk.listen(1)
+    except OSError:
+        lsk.close()
+        raise
+    return lsk
+
+
+def _hand_over(lsk, path, ready):
+    """Send ready, let go of the worker's socket and wait on lsk for the
+    next worker: the one that restores this process, or the same one
+    after a dump that left it running. Returns once connected."""
+    global _ctl_gen, _checkpoint_wall, _rbuf
     _swap_lock.acquire()
     try:
         _checkpoint_wall = _time.time()
-        _send({"type": "checkpoint-ready", "id": cid, "rss_before": rss_before, "rss_after": rss_after,
-               "gc_ms": (_perf() - t0) * 1000.0})
+        _send(ready)
         with _wlock:
             old = _fd
             # The log thread polls this socket and so holds a reference to
@@ -685,12 +710,72 @@ def _on_prepare_checkpoint(h):
             lsk.close()
             try:
                 os.unlink(path)
-                os.rmdir(d)
+                os.rmdir(os.path.dirname(path))
             except OSError:
                 pass
+            _rbuf = b""
             _ctl_gen += 1
     finally:
         _swap_lock.release()
+
+
+def _foreign_sockets():
+    """Why this process cannot be dumped now: the sockets it holds besides
+    the worker's ("" if none). A connection in flight (an HTTP request to
+    another service, say) cannot move with the process; the worker asks
+    again a moment later, when the request is done."""
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        if name == str(_fd):
+            continue
+        try:
+            if os.readlink("/proc/self/fd/" + name).startswith("socket:"):
+                n += 1
+        except OSError:
+            pass
+    return "the call holds %d open socket(s)" % n if n else ""
+
+
+def _on_checkpoint_signal(signum, frame):
+    """CheckpointSignal: hand the running call over for a checkpoint.
+
+    Python runs this in the main thread between two bytecodes of the
+    handler (or when a blocking call is interrupted), so the handler's
+    state is whole. The agent answers checkpoint-ready, gives up its socket
+    and blocks here until the restoring worker connects; the dump freezes it
+    right here, and the restored process returns from this function into
+    the handler, whose result then goes to the new worker."""
+    global _ckpt_listen
+    if not _in_handler or not _ckpt_listen or _in_child:
+        return  # between calls, a call that may not move, or a hand-over in progress (a signal repeated)
+    cid, path = _call_id, _ckpt_listen
+    _ckpt_listen = None  # until the hand-over is over: the worker keeps signalling meanwhile
+    why = _foreign_sockets()
+    lsk = None
+    if not why:
+        try:
+            lsk = _listen(path)
+        except OSError as e:
+            why = "cannot listen on %s: %s" % (path, e)
+    if lsk is None:
+        _ckpt_listen = path
+        _send({"type": "checkpoint-deferred", "id": cid, "reason": why})
+        return
+    try:
+        _hand_over(lsk, path, {"type": "checkpoint-ready", "id": cid, "in_call": cid, "rss_after": _statm_rss()})
+        try:
+            h, _ = _read_frame()
+        except (EOFError, OSError, _ProtocolError):
+            os._exit(0)  # the new worker hung up before it said hello: nothing to serve
+        if h.get("type") != "after-restore":
+            _diag_print("expected after-restore on the new control socket, got %r" % (h.get("type"),))
+            os._exit(2)
+        # No reseed: a process moved in the middle of a call runs on exactly
+        # once, and its handler keeps the random stream it had.
+        _send({"type": "resumed", "id": h.get("id") or "", "clock_jump_ms": (_time.time() - _checkpoint_wall) * 1000.0,
+               "pid": os.getpid(), "in_call": cid})
+    finally:
+        _ckpt_listen = path  # the call may move again (a failed dump, a later slice)
 
 
 def _on_after_restore(h):
@@ -786,6 +871,9 @@ def main():
     _swap_lock = _thread.allocate_lock()
     _pump_done = _thread.allocate_lock()
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    import _signal  # the C module: signal.py would import enum
+
+    _signal.signal(_signal.SIGUSR2, _on_checkpoint_signal)  # agentproto.CheckpointSignal
     if _role == "runtime-template":
         _runtime_template_main()  # never returns
     _capture_std()

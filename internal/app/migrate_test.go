@@ -1,0 +1,170 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/torpor-dev/torpor/internal/codezip"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/sandbox"
+	"github.com/torpor-dev/torpor/internal/testenv"
+	"github.com/torpor-dev/torpor/internal/worker"
+)
+
+// withGrace sets a worker's eviction grace period.
+func withGrace(d time.Duration) nodeOption {
+	return func(c *worker.Config, _ *sandbox.Config) { c.EvictionGrace = d }
+}
+
+// stepsCode runs event["steps"] steps of event["ms"] ms each, folding
+// random numbers into a checksum: a long call with state in its frames.
+const stepsCode = `import os, random, time, hashlib
+def handler(event, context):
+    h = hashlib.sha256()
+    pids = []
+    for i in range(event["steps"]):
+        time.sleep(event.get("ms", 10) / 1000)
+        h.update(repr((i, random.random())).encode())
+        if os.getpid() not in pids:
+            pids.append(os.getpid())
+    return {"steps": event["steps"], "sum": h.hexdigest(), "pids": pids}
+`
+
+type stepsResult struct {
+	Steps int    `json:"steps"`
+	Sum   string `json:"sum"`
+	Pids  []int  `json:"pids"`
+}
+
+// deploySpec deploys app.py = code with spec.
+func (n node) deploySpec(t *testing.T, spec function.Spec, code string) {
+	t.Helper()
+	zip, err := codezip.FromFiles(map[string]string{"app.py": code})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Runtime == "" {
+		spec.Runtime, spec.Handler = "python3", "app.handler"
+	}
+	if _, err := n.d.Deploy(testenv.Ctx(t), spec, zip); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEvictionMovesRunningCall: a sync call runs on worker a; a is evicted
+// in the middle of it; the call finishes on b and its caller gets the
+// result as if nothing had happened. The record shows both hops.
+func TestEvictionMovesRunningCall(t *testing.T) {
+	c := newCluster(t, nil)
+	a := newNode(t, c.bus, c.store, c.keys, "a", withGrace(10*time.Second))
+	a.deploySpec(t, function.Spec{Name: "steps", TimeoutSec: 60}, stepsCode)
+	b := newNode(t, c.bus, c.store, c.keys, "b", withGrace(10*time.Second))
+
+	type outcome struct {
+		res function.InvokeResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	id := function.NewCallID()
+	go func() {
+		// Through a's in-process path: a holds the validated instance.
+		res, err := a.w.Serve(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Version: 1, CallID: id,
+			Payload: []byte(`{"steps": 100, "ms": 10}`)})
+		done <- outcome{res, err}
+	}()
+	time.Sleep(400 * time.Millisecond)
+	rep := a.w.Evict(context.Background(), 10*time.Second, "test")
+	t.Logf("eviction: %+v", rep)
+	if rep.Moved != 1 {
+		t.Errorf("eviction moved %d calls, want 1", rep.Moved)
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the moved call never returned")
+	}
+	if o.err != nil || o.res.Err != nil {
+		t.Fatalf("moved call: err %v, function error %+v", o.err, o.res.Err)
+	}
+	var r stepsResult
+	if err := json.Unmarshal(o.res.Payload, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Steps != 100 || len(r.Sum) != 64 {
+		t.Errorf("result %+v", r)
+	}
+	if len(r.Pids) != 1 {
+		t.Errorf("the handler saw pids %v: a restored process keeps its pid", r.Pids)
+	}
+	call, err := b.d.Call(testenv.Ctx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.MarshalIndent(call, "", "  ")
+	t.Logf("record: %s", js)
+	if call.Status != function.StatusSucceeded || len(call.Attempts) != 2 {
+		t.Fatalf("record: status %s, %d attempts", call.Status, len(call.Attempts))
+	}
+	first, second := call.Attempts[0], call.Attempts[1]
+	if first.Worker != "a" || first.Outcome != function.OutcomeCheckpointed || first.Reason != function.ReasonEviction ||
+		first.Snapshot == "" || first.CheckpointMS <= 0 || first.ImageBytes <= 0 {
+		t.Errorf("first hop %+v", first)
+	}
+	if second.Worker != "b" || second.Start != function.StartResume || second.Outcome != function.StatusSucceeded ||
+		second.Snapshot != first.Snapshot || second.RestoreMS <= 0 {
+		t.Errorf("second hop %+v", second)
+	}
+}
+
+// TestSlicedCallRunsPastItsTimeout: a function whose max duration is
+// longer than its timeout runs in slices of at most the timeout, each
+// ended by a checkpoint and resumed from it; past the max duration it
+// times out like any call.
+func TestSlicedCallRunsPastItsTimeout(t *testing.T) {
+	c := newCluster(t, nil)
+	a := c.node(t, "a")
+	a.deploySpec(t, function.Spec{Name: "sliced", TimeoutSec: 1, MaxDurationSec: 6}, stepsCode)
+	res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "sliced", Payload: []byte(`{"steps": 250, "ms": 10}`)})
+	if err != nil || res.Err != nil {
+		t.Fatalf("sliced call: err %v, function error %+v", err, res.Err)
+	}
+	var r stepsResult
+	if err := json.Unmarshal(res.Payload, &r); err != nil || r.Steps != 250 {
+		t.Fatalf("result %s: %v", res.Payload, err)
+	}
+	call, err := a.d.Call(testenv.Ctx(t), res.CallID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if call.Status != function.StatusSucceeded || len(call.Attempts) < 3 {
+		t.Fatalf("record: status %s, %d attempts (want >= 3 slices of a >= 2.5 s call): %+v", call.Status, len(call.Attempts), call.Attempts)
+	}
+	var total float64
+	for i, at := range call.Attempts {
+		last := i == len(call.Attempts)-1
+		if !last && (at.Outcome != function.OutcomeCheckpointed || at.Reason != function.ReasonSlice || at.RunMS > 1000) {
+			t.Errorf("slice %d: %+v (want checkpointed at the slice end, run <= 1000 ms)", i, at)
+		}
+		if i > 0 && at.Start != function.StartResume {
+			t.Errorf("slice %d started %q, want resume", i, at.Start)
+		}
+		total += at.RunMS
+	}
+	total += call.DurationMS
+	if total < 2500 {
+		t.Errorf("the slices ran %.0f ms in all; the call needs >= 2500 ms", total)
+	}
+
+	// Longer than the max duration: timed out, after its slices.
+	res, err = a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "sliced", Payload: []byte(`{"steps": 1000, "ms": 10}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Err == nil || res.Err.ErrorType != "Sandbox.Timedout" {
+		t.Fatalf("a call past its max duration: %+v, want Sandbox.Timedout", res.Err)
+	}
+	t.Logf("past the max duration: %s", res.Err.ErrorMessage)
+}

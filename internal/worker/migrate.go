@@ -1,0 +1,391 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
+
+	"github.com/torpor-dev/torpor/internal/agentproto"
+	"github.com/torpor-dev/torpor/internal/bus"
+	"github.com/torpor-dev/torpor/internal/callmsg"
+	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/function"
+	"github.com/torpor-dev/torpor/internal/snapshot"
+)
+
+// Calls on the move (R-Check, docs/migration.md). A call that runs on an
+// instance the worker can checkpoint on its own is "movable": on an
+// eviction, or when its slice ends before its max duration, the worker
+// signals the agent, which hands the call over between two bytecodes of
+// the handler; the worker dumps the instance into the snapshot store and
+// publishes a resume message to the durable call queue; any worker takes
+// it, restores the instance and collects the call's outcome, which goes to
+// the caller as if nothing had happened.
+
+// signalEvery is how often a call asked to leave is signalled again until
+// its agent hands it over: a signal that lands between calls, or while the
+// call holds a socket, is answered later or not at all.
+const signalEvery = 5 * time.Millisecond
+
+// maxDumpAttempts bounds the failed dumps of one call on one worker; the
+// call then runs on where it is.
+const maxDumpAttempts = 3
+
+// runningCall is a call running on one of this worker's instances.
+type runningCall struct {
+	id      string
+	in      *instance
+	ver     function.Version
+	started time.Time // this hop's start
+	elapsed time.Duration
+	movable bool
+
+	once    sync.Once
+	leaveC  chan struct{}          // closed by leave
+	reason  string                 // set by leave, before leaveC closes
+	asked   time.Time              // set by leave
+	armed   atomic.Bool            // the signal loop signals (false while a dump is in progress)
+	movedAs atomic.Pointer[string] // the snapshot it left as
+	done    chan struct{}          // closed when the call is over here (finished or moved)
+}
+
+// deferral says why a call asked to leave never did.
+func (rc *runningCall) deferral() string {
+	return "its handler held an open socket, or ran in native code, until the end"
+}
+
+// leave asks a movable call to leave this worker as a checkpoint; it
+// reports whether the call can.
+func (rc *runningCall) leave(reason string) bool {
+	if !rc.movable {
+		return false
+	}
+	rc.once.Do(func() {
+		rc.reason, rc.asked = reason, time.Now()
+		close(rc.leaveC)
+	})
+	return true
+}
+
+// movable reports whether calls on in can be checkpointed while they run:
+// the worker takes snapshots and in runs in a PID namespace of its own (a
+// forked instance shares its template's; see docs/templates.md).
+func (w *Worker) movable(in *instance) bool { return w.snap != nil && in.tmpl == nil }
+
+// wantsMovable reports whether instances of ver should start on their own,
+// so that their calls can move: calls of a sliced function must, and so
+// should calls that may outlive an eviction's grace period. Others are
+// let finish within the grace and keep the fast fork path.
+func (w *Worker) wantsMovable(ver function.Version) bool {
+	return w.snap != nil && (ver.Sliced() || ver.Timeout() > w.cfg.EvictionGrace)
+}
+
+// startRunning registers a call running on in and, for a movable call,
+// starts the loop that signals its agent once it is asked to leave.
+func (w *Worker) startRunning(id string, in *instance, ver function.Version, elapsed time.Duration) *runningCall {
+	rc := &runningCall{id: id, in: in, ver: ver, started: time.Now(), elapsed: elapsed, movable: w.movable(in),
+		leaveC: make(chan struct{}), done: make(chan struct{})}
+	rc.armed.Store(true)
+	w.running.Store(id, rc)
+	if rc.movable {
+		go w.signalLoop(rc)
+	}
+	return rc
+}
+
+// stopRunning ends rc on this worker.
+func (w *Worker) stopRunning(rc *runningCall) {
+	w.running.CompareAndDelete(rc.id, rc)
+	close(rc.done)
+}
+
+// signalLoop signals rc's agent, once rc is asked to leave, until the
+// call is over here.
+func (w *Worker) signalLoop(rc *runningCall) {
+	select {
+	case <-rc.leaveC:
+	case <-rc.done:
+		return
+	}
+	t := time.NewTicker(signalEvery)
+	defer t.Stop()
+	for {
+		if rc.armed.Load() {
+			if err := unix.Kill(rc.in.sb.Pid(), agentproto.CheckpointSignal); err != nil {
+				return // the instance is gone: the call's Invoke says how
+			}
+		}
+		select {
+		case <-rc.done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// runningCalls lists the calls running on this worker.
+func (w *Worker) runningCalls() []*runningCall {
+	var out []*runningCall
+	w.running.Range(func(_, v any) bool {
+		out = append(out, v.(*runningCall))
+		return true
+	})
+	return out
+}
+
+// moved is execute's error for a call that left this worker as a
+// snapshot; the caller hands it on with handOff.
+type moved struct {
+	snapshot string
+	attempt  function.Attempt // this worker's hop, outcome checkpointed
+	elapsed  time.Duration    // handler time so far, this hop included
+	hop      int              // this move's number
+}
+
+func (m *moved) Error() string {
+	return fmt.Sprintf("call moved as snapshot %s (%s)", m.snapshot, m.attempt.Reason)
+}
+
+// checkpointCall dumps the instance whose agent handed rc over and stores
+// the image. On failure the instance still runs (CRIU lets it go).
+func (w *Worker) checkpointCall(ctx context.Context, rc *runningCall, ck *agentproto.Checkpointed, hop int, ran time.Duration) (*moved, error) {
+	cspec, labels := w.sandboxes.CheckpointSpec(rc.in.sb, rc.in.spec, false)
+	labels = maps.Clone(labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels["call"], labels["reason"] = rc.id, rc.reason
+	sres, err := w.snap.svc.Checkpoint(ctx, cspec, snapshot.Meta{Function: rc.ver.Name, Version: rc.ver.Version,
+		Runtime: w.snap.runtime, MemoryBytes: ck.RSS, Labels: labels})
+	if err != nil {
+		return nil, err
+	}
+	took := time.Since(rc.asked)
+	w.stats.observeCheckpoint(rc.ver, took)
+	now := time.Now().UTC()
+	return &moved{snapshot: sres.ID, elapsed: rc.elapsed + ran, hop: hop, attempt: function.Attempt{
+		Worker: w.cfg.ID, Start: rc.in.start, StartedAt: rc.started.UTC(), FinishedAt: now,
+		Outcome: function.OutcomeCheckpointed, Reason: rc.reason, Snapshot: sres.ID,
+		RunMS: ms(ran), CheckpointMS: ms(took), ImageBytes: sres.Image.CompressedBytes,
+	}}, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// handOff records that the call left this worker and publishes it to the
+// durable queue, where another worker (or this one, for a slice) takes it.
+// For a sync call replyTo is where its caller waits for the outcome.
+func (w *Worker) handOff(ctx context.Context, req function.InvokeRequest, mv *moved, mode, replyTo string, created time.Time) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_, err := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		addAttempt(c, w.cfg.ID, mv.attempt)
+		c.Status = function.StatusMoving
+		return nil
+	})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		c := function.Call{ID: req.CallID, Function: req.Function, Version: req.Version, Mode: mode,
+			Status: function.StatusMoving, CreatedAt: created.UTC(), Attempts: []function.Attempt{mv.attempt}}
+		err = w.store.Put(ctx, c)
+	}
+	if err != nil {
+		// The record is the user's view; the call itself still moves.
+		w.log.Warn("record the move of a call", "call", req.CallID, "err", err)
+	}
+	r := callmsg.Resume{Req: req, Snapshot: mv.snapshot, Mode: mode, ReplyTo: replyTo, Created: created,
+		Elapsed: mv.elapsed, Hop: mv.hop, Reason: mv.attempt.Reason, From: w.cfg.ID}
+	for try := 0; ; try++ {
+		_, err = w.bus.JS.PublishMsg(ctx, callmsg.ResumeMsg(bus.SubjResume+req.Function, r), jetstream.WithMsgID(r.MsgID()))
+		if err == nil {
+			w.metrics.moves.WithLabelValues(r.Reason).Inc()
+			w.log.Info("call moved", "fn", req.Function, "call", req.CallID, "snapshot", mv.snapshot, "reason", r.Reason,
+				"hop", r.Hop, "checkpoint_ms", mv.attempt.CheckpointMS, "image_bytes", mv.attempt.ImageBytes)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("call %s is checkpointed as %s but could not be queued to resume: %v: %w",
+				req.CallID, mv.snapshot, err, errdefs.ErrUnavailable)
+		}
+		time.Sleep(time.Duration(min(try+1, 10)) * 100 * time.Millisecond)
+	}
+}
+
+// addAttempt completes the attempt this worker opened (async calls open
+// one when they start), or appends a.
+func addAttempt(c *function.Call, worker string, a function.Attempt) {
+	if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == worker && c.Attempts[n-1].FinishedAt.IsZero() {
+		a.StartedAt = c.Attempts[n-1].StartedAt
+		c.Attempts[n-1] = a
+		return
+	}
+	c.Attempts = append(c.Attempts, a)
+}
+
+// awaitMoved waits on the inbox sub for the outcome of a sync call that
+// moved while this process's dispatcher waited for it in-process.
+func awaitMoved(ctx context.Context, sub *nats.Subscription) (function.InvokeResult, error) {
+	defer func() { _ = sub.Unsubscribe() }()
+	m, err := sub.NextMsgWithContext(ctx)
+	if err != nil {
+		return function.InvokeResult{}, fmt.Errorf("waiting for the moved call's outcome: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	return callmsg.ParseReply(m)
+}
+
+// handleResume restores a call that another worker (or this one) checkpointed
+// and finishes it: the outcome goes to the sync caller's inbox, or to the
+// async call's record. The message is acknowledged once the outcome is
+// delivered or the call moved on again, so a worker that dies meanwhile
+// leaves it to the next (which restores the same snapshot again: from a
+// crash, the part of the call after the checkpoint may run twice).
+func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
+	m := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
+	r, err := callmsg.ParseResume(m)
+	if err != nil {
+		w.log.Error("dropping malformed resume message", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	log := w.log.With("fn", r.Req.Function, "call", r.Req.CallID, "snapshot", r.Snapshot, "hop", r.Hop)
+	started := time.Now().UTC()
+	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = w.store.Update(uctx, r.Req.Function, r.Req.CallID, func(c *function.Call) error {
+		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
+			return errAlreadyDone
+		}
+		for i := range c.Attempts {
+			if c.Attempts[i].FinishedAt.IsZero() {
+				c.Attempts[i].Outcome = function.OutcomeLost // its worker died before finishing
+				c.Attempts[i].Reason = "crash"
+			}
+		}
+		c.Status = function.StatusRunning
+		c.Attempts = append(c.Attempts, function.Attempt{Worker: w.cfg.ID, Start: function.StartResume, StartedAt: started, Snapshot: r.Snapshot})
+		return nil
+	})
+	cancel()
+	switch {
+	case errors.Is(err, errAlreadyDone):
+		_ = msg.Ack()
+		return
+	case err != nil:
+		log.Warn("mark resumed call running", "err", err)
+	}
+	stopHB := w.heartbeat(ctx, msg)
+	res, closeLog, err := w.resume(ctx, r)
+	closeLog()
+	stopHB()
+	var mv *moved
+	if errors.As(err, &mv) {
+		if herr := w.handOff(ctx, r.Req, mv, r.Mode, r.ReplyTo, r.Created); herr != nil {
+			log.Error("moved call could not be queued again; it will be restored from its previous snapshot", "err", herr)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		_ = msg.Ack()
+		return
+	}
+	if err != nil {
+		res.Err = &function.Error{ErrorType: "ServiceException", ErrorMessage: fmt.Sprintf("torpor could not resume the call: %v", err)}
+	}
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer scancel()
+	_, uerr := w.store.Update(sctx, r.Req.Function, r.Req.CallID, func(c *function.Call) error {
+		finish(c, res, w.cfg.ID, started)
+		return nil
+	})
+	if uerr != nil {
+		log.Warn("store the resumed call's outcome", "err", uerr)
+	}
+	if r.Mode == "sync" {
+		reply := callmsg.Reply(res)
+		if err != nil {
+			reply = callmsg.ErrorReply(err)
+		}
+		reply.Subject = r.ReplyTo
+		if perr := w.bus.NC.PublishMsg(reply); perr != nil {
+			log.Warn("reply to the caller of a moved call", "err", perr)
+		}
+	}
+	if err := msg.DoubleAck(sctx); err != nil {
+		log.Warn("ack resumed call", "err", err)
+	}
+}
+
+// heartbeat keeps JetStream from redelivering msg while its call runs.
+func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg) (stop func()) {
+	hbCtx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(w.bus.AckWait() / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return cancel
+}
+
+// resume restores r's snapshot and runs the call on to its end, or to its
+// next move. A snapshot that cannot be restored fails the call: the state it
+// held is gone.
+func (w *Worker) resume(ctx context.Context, r callmsg.Resume) (function.InvokeResult, func(), error) {
+	res := function.InvokeResult{CallID: r.Req.CallID, Version: r.Req.Version, Start: function.StartResume}
+	if w.snap == nil {
+		return res, noop, w.errNoSnapshots()
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ver, err := w.reg.ResolveWait(rctx, r.Req.Function, r.Req.Version)
+	cancel()
+	if err != nil {
+		return res, noop, err
+	}
+	if err := w.reserve(ctx, ver.MemoryMB, 0); err != nil {
+		return res, noop, err
+	}
+	t0 := time.Now()
+	in, resumed, err := w.restoreInstance(ctx, ver, r.Snapshot)
+	if err != nil {
+		w.unreserve(ver.MemoryMB)
+		return res, noop, fmt.Errorf("restore snapshot %s of call %s: %w", r.Snapshot, r.Req.CallID, err)
+	}
+	in.start = function.StartResume
+	res.StartTime = time.Since(t0)
+	w.metrics.starts.WithLabelValues(function.StartResume).Observe(res.StartTime.Seconds())
+	if resumed.InCall != r.Req.CallID {
+		w.retire(in)
+		return res, noop, fmt.Errorf("snapshot %s holds call %q, not %s: %w", r.Snapshot, resumed.InCall, r.Req.CallID, errdefs.ErrConflict)
+	}
+	w.setRestoreTime(r.Req, res.StartTime)
+	logs := newCallLog(ver, r.Req.CallID)
+	logs.platform(fmt.Sprintf("RESUME RequestId: %s Snapshot: %s From: %s Hop: %d Restore: %.2f ms",
+		r.Req.CallID, r.Snapshot, r.From, r.Hop, ms(res.StartTime)))
+	return w.run(ctx, ver, r.Req, in, res, logs, hopState{elapsed: r.Elapsed, n: r.Hop, resumed: true})
+}
+
+// setRestoreTime notes the restore time in the attempt handleResume opened.
+func (w *Worker) setRestoreTime(req function.InvokeRequest, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == w.cfg.ID {
+			c.Attempts[n-1].RestoreMS = ms(d)
+		}
+		return nil
+	})
+	if err != nil {
+		w.log.Debug("note restore time", "call", req.CallID, "err", err)
+	}
+}
