@@ -32,7 +32,31 @@ const (
 	HClass    = "Torpor-Error-Class"
 	HCreated  = "Torpor-Created"
 	HKeepTpl  = "Torpor-Keep-Templates"
+	HAttempt  = "Torpor-Attempt"
 )
+
+// Progress notes a worker sends on a sync call's reply subject before its
+// outcome (Note): who runs the call now, and when it has moved into the
+// durable queue. The dispatcher re-runs a call whose worker died without
+// a checkpoint (at least once), and never one that moved.
+const (
+	OutcomeRunning = "running" // HWorker runs the call
+	OutcomeMoving  = "moving"  // the call left its worker as a checkpoint and waits in the durable queue
+)
+
+// Note encodes a progress note.
+func Note(outcome, worker string) *nats.Msg {
+	m := nats.NewMsg("")
+	m.Header.Set(HOutcome, outcome)
+	m.Header.Set(HWorker, worker)
+	return m
+}
+
+// IsNote reports whether m is a progress note rather than an outcome.
+func IsNote(m *nats.Msg) bool {
+	o := m.Header.Get(HOutcome)
+	return o == OutcomeRunning || o == OutcomeMoving
+}
 
 // Outcomes of a reply.
 const (
@@ -50,6 +74,9 @@ func Request(subject string, req function.InvokeRequest) *nats.Msg {
 	if req.LogTail {
 		m.Header.Set(HLogTail, "1")
 	}
+	if req.Attempt > 1 {
+		m.Header.Set(HAttempt, strconv.Itoa(req.Attempt))
+	}
 	m.Data = req.Payload
 	return m
 }
@@ -61,6 +88,7 @@ func ParseRequest(m *nats.Msg) (function.InvokeRequest, error) {
 		CallID: m.Header.Get(HCallID), Function: m.Header.Get(HFunction), Version: v,
 		Payload: m.Data, LogTail: m.Header.Get(HLogTail) == "1",
 	}
+	req.Attempt, _ = strconv.Atoi(m.Header.Get(HAttempt))
 	if err != nil || req.CallID == "" || req.Function == "" {
 		return req, fmt.Errorf("malformed call message on %s: %w", m.Subject, errdefs.ErrInvalid)
 	}

@@ -55,6 +55,7 @@ type Directory struct {
 	holders  map[string][]candidate          // by poolKey: the workers holding that version
 	inflight map[inflightKey]int             // calls placed by this process, not yet answered
 	returned map[string]map[string]time.Time // by poolKey, worker id: when a placed call last came back
+	expired  map[string]bool                 // by key: entries that went away stale (their worker died)
 }
 
 type dirEntry struct {
@@ -70,7 +71,8 @@ func poolKey(name string, version int) string { return name + "@" + strconv.Itoa
 // ends.
 func NewDirectory(ctx context.Context, b *bus.Bus, reg *registry.Registry, log *slog.Logger) (*Directory, error) {
 	d := &Directory{bus: b, reg: reg, log: log, workers: map[string]dirEntry{}, byID: map[string]dirEntry{},
-		holders: map[string][]candidate{}, inflight: map[inflightKey]int{}, returned: map[string]map[string]time.Time{}}
+		holders: map[string][]candidate{}, inflight: map[inflightKey]int{}, returned: map[string]map[string]time.Time{},
+		expired: map[string]bool{}}
 	w, err := b.Workers.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch the worker directory: %w", err)
@@ -87,8 +89,14 @@ func (d *Directory) apply(e jetstream.KeyValueEntry, initial bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
+		// A worker that shuts down deletes its entry while it is fresh;
+		// one that died leaves it to expire.
+		if old, ok := d.workers[e.Key()]; ok && stale(old.seen) {
+			d.expired[e.Key()] = true
+		}
 		delete(d.workers, e.Key())
 	} else {
+		delete(d.expired, e.Key())
 		var s api.WorkerSummary
 		if err := json.Unmarshal(e.Value(), &s); err != nil || s.ID == "" {
 			d.log.Warn("corrupt worker directory entry", "key", e.Key(), "err", err)
@@ -131,6 +139,23 @@ func (d *Directory) apply(e jetstream.KeyValueEntry, initial bool) {
 // the server's expiry markers (NATS before 2.11) an entry of a dead worker
 // stays in the watch; it is ignored after bus.WorkerTTL.
 func live(seen time.Time) bool { return time.Since(seen) < bus.WorkerTTL }
+
+// stale reports whether an entry that arrived at seen missed three
+// refreshes in a row: its worker is dead or cut off.
+func stale(seen time.Time) bool { return time.Since(seen) > 3*bus.WorkerRefresh }
+
+// Dead reports whether worker id died without shutting down: its entry
+// went stale, or expired. A worker that left cleanly, or that this
+// directory never saw, is not dead.
+func (d *Directory) Dead(id string) bool {
+	key := bus.WorkerKey(id)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.workers[key]; ok {
+		return stale(e.seen)
+	}
+	return d.expired[key]
+}
 
 // place picks the worker for a call of name@version (see choose), or ""
 // for any worker, and counts the call against that worker until done is

@@ -224,7 +224,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 				done(err == nil && res.Err == nil)
 				return res, err
 			}
-			reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.InvokeWorkerSubject(worker, req.Function), req))
+			reply, err := d.request(ctx, bus.InvokeWorkerSubject(worker, req.Function), req)
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				// The worker is gone since its last summary; nothing ran.
@@ -240,11 +240,101 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 			}
 		}
 	}
-	reply, err := d.bus.NC.RequestMsgWithContext(ctx, callmsg.Request(bus.SubjInvoke+req.Function, req))
+	reply, err := d.request(ctx, bus.SubjInvoke+req.Function, req)
 	if err != nil {
 		return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function, err)
 	}
 	return callmsg.ParseReply(reply)
+}
+
+// maxCrashReruns bounds how often a sync call whose worker died is sent
+// again.
+const maxCrashReruns = 3
+
+// deathCheck is how often the dispatcher looks whether the worker running
+// a sync call died.
+const deathCheck = time.Second
+
+// request sends a sync call to subject and waits for its outcome. The
+// worker that takes it notes so on the reply subject; should that worker
+// die without a checkpoint (SIGKILL, a crash: the directory sees its entry
+// go stale), the call is recorded as lost there and sent again, to run
+// from the start (at least once). A call that moved is in the durable
+// queue and is never sent again.
+func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (*nats.Msg, error) {
+	for attempt := 1; ; attempt++ {
+		req.Attempt = attempt
+		inbox := d.bus.NC.NewRespInbox()
+		sub, err := d.bus.NC.SubscribeSync(inbox)
+		if err != nil {
+			return nil, err
+		}
+		msg := callmsg.Request(subject, req)
+		msg.Reply = inbox
+		if err := d.bus.NC.PublishMsg(msg); err != nil {
+			_ = sub.Unsubscribe()
+			return nil, err
+		}
+		reply, dead, since, err := d.await(ctx, sub)
+		_ = sub.Unsubscribe()
+		if err != nil || dead == "" {
+			return reply, err
+		}
+		d.log.Warn("the worker running a call died; running it again from the start", "call", req.CallID, "fn", req.Function,
+			"worker", dead, "attempt", attempt)
+		d.recordLost(ctx, req, dead, since)
+		if attempt > maxCrashReruns {
+			return nil, fmt.Errorf("call %s: %d workers died running it: %w", req.CallID, attempt, errdefs.ErrUnavailable)
+		}
+		subject = bus.SubjInvoke + req.Function // any worker
+	}
+}
+
+// await reads sub until the call's outcome arrives, or its worker dies
+// (dead names it; it took the call at since).
+func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *nats.Msg, dead string, since time.Time, err error) {
+	var worker string // runs the call now; "" before the first note and once it moved
+	for {
+		wctx, cancel := context.WithTimeout(ctx, deathCheck)
+		m, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, "", since, ctx.Err()
+		case errors.Is(err, nats.ErrNoResponders):
+			return nil, "", since, err
+		case err != nil:
+			if worker != "" && d.dir != nil && d.dir.Dead(worker) {
+				return nil, worker, since, nil
+			}
+			continue
+		case m.Header.Get("Status") == "503":
+			return nil, "", since, nats.ErrNoResponders
+		case !callmsg.IsNote(m):
+			return m, "", since, nil
+		case m.Header.Get(callmsg.HOutcome) == callmsg.OutcomeRunning:
+			worker, since = m.Header.Get(callmsg.HWorker), time.Now().UTC()
+		default: // moving: durable from here on
+			worker = ""
+		}
+	}
+}
+
+// recordLost notes in the call's record that worker died running it.
+func (d *Dispatcher) recordLost(ctx context.Context, req function.InvokeRequest, worker string, since time.Time) {
+	now := time.Now().UTC()
+	lost := function.Attempt{Worker: worker, StartedAt: since, FinishedAt: now, Outcome: function.OutcomeLost, Reason: function.ReasonCrash}
+	_, err := d.calls.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		c.Attempts = append(c.Attempts, lost)
+		return nil
+	})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		err = d.calls.Put(ctx, function.Call{ID: req.CallID, Function: req.Function, Version: req.Version, Mode: "sync",
+			Status: function.StatusRunning, CreatedAt: now, Attempts: []function.Attempt{lost}})
+	}
+	if err != nil {
+		d.log.Warn("record a lost attempt", "call", req.CallID, "err", err)
+	}
 }
 
 // InvokeAsync implements gateway.Backend. The call is in JetStream (and so

@@ -164,6 +164,7 @@ const (
 const (
 	ReasonEviction = "eviction" // its worker was being evicted
 	ReasonSlice    = "slice"    // the slice (the timeout) ended before the call's max duration
+	ReasonCrash    = "crash"    // its worker died without a checkpoint (outcome lost)
 )
 
 // Start paths: how the instance that served a call was obtained.
@@ -225,6 +226,9 @@ type InvokeRequest struct {
 	CallID   string // assigned by the dispatcher when empty
 	Payload  []byte // JSON event
 	LogTail  bool   // return the last 4 KB of the call's logs
+	// Attempt counts the times the call was sent to a worker: above 1, an
+	// earlier worker died running it and it runs again from the start.
+	Attempt int
 }
 
 // InvokeResult is the outcome of a call that ran. A handler failure is a

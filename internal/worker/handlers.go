@@ -26,6 +26,9 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
 		return
 	}
+	// Tell the dispatcher who runs the call: should this worker die, it
+	// sends the call again.
+	_ = m.RespondMsg(callmsg.Note(callmsg.OutcomeRunning, w.cfg.ID))
 	w.serveSync(ctx, req, m.Reply, func(res function.InvokeResult, err error) {
 		reply := callmsg.Reply(res)
 		if err != nil {
@@ -72,7 +75,11 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 	var mv *moved
 	if errors.As(err, &mv) {
 		var sub *nats.Subscription
-		if replyTo == "" {
+		if replyTo != "" {
+			// Before the call is queued, so that this note precedes the
+			// resuming worker's.
+			_ = w.bus.NC.PublishMsg(noteTo(replyTo, callmsg.OutcomeMoving, w.cfg.ID))
+		} else {
 			replyTo = w.bus.NC.NewRespInbox()
 			if sub, err = w.bus.NC.SubscribeSync(replyTo); err != nil {
 				reply(res, fmt.Errorf("call %s moved, but waiting for its outcome failed: %v: %w", req.CallID, err, errdefs.ErrUnavailable))
@@ -101,8 +108,13 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 	go func() {
 		defer w.wg.Done()
 		closeLog()
-		w.record(function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync",
-			CreatedAt: created}, res, created)
+		c := function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync", CreatedAt: created}
+		if req.Attempt > 1 {
+			// A re-run after a crash: keep the lost attempts on record.
+			w.finishRecord(ctx, c, res, created)
+			return
+		}
+		w.record(c, res, created)
 	}()
 }
 
@@ -115,6 +127,31 @@ func (w *Worker) record(c function.Call, res function.InvokeResult, started time
 	default:
 		w.metrics.droppedRecords.Inc()
 	}
+}
+
+// finishRecord stores the outcome of a call whose record may hold earlier
+// attempts (a re-run, a resumed call).
+func (w *Worker) finishRecord(ctx context.Context, c function.Call, res function.InvokeResult, started time.Time) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_, err := w.store.Update(ctx, c.Function, c.ID, func(old *function.Call) error {
+		finish(old, res, w.cfg.ID, started)
+		return nil
+	})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		finish(&c, res, w.cfg.ID, started)
+		err = w.store.Put(ctx, c)
+	}
+	if err != nil {
+		w.log.Warn("store call record", "call", c.ID, "err", err)
+	}
+}
+
+// noteTo is a progress note addressed to a sync caller's reply subject.
+func noteTo(subject, outcome, worker string) *nats.Msg {
+	m := callmsg.Note(outcome, worker)
+	m.Subject = subject
+	return m
 }
 
 // recordWriter stores queued records until Close, then flushes the rest.
@@ -299,7 +336,7 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 		failures = 0
 		for i := range c.Attempts {
 			if c.Attempts[i].FinishedAt.IsZero() {
-				c.Attempts[i].Outcome = "lost" // its worker died before finishing
+				c.Attempts[i].Outcome, c.Attempts[i].Reason = function.OutcomeLost, function.ReasonCrash // its worker died before finishing
 			}
 			if strings.HasPrefix(c.Attempts[i].Outcome, "retry:") {
 				failures++

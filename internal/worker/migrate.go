@@ -264,7 +264,7 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 		for i := range c.Attempts {
 			if c.Attempts[i].FinishedAt.IsZero() {
 				c.Attempts[i].Outcome = function.OutcomeLost // its worker died before finishing
-				c.Attempts[i].Reason = "crash"
+				c.Attempts[i].Reason = function.ReasonCrash
 			}
 		}
 		c.Status = function.StatusRunning
@@ -280,6 +280,9 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 		log.Warn("mark resumed call running", "err", err)
 	}
 	stopHB := w.heartbeat(ctx, msg)
+	if r.Mode == "sync" {
+		_ = w.bus.NC.PublishMsg(noteTo(r.ReplyTo, callmsg.OutcomeRunning, w.cfg.ID))
+	}
 	res, closeLog, err := w.resume(ctx, r)
 	closeLog()
 	stopHB()
@@ -296,15 +299,10 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 	if err != nil {
 		res.Err = &function.Error{ErrorType: "ServiceException", ErrorMessage: fmt.Sprintf("torpor could not resume the call: %v", err)}
 	}
+	w.finishRecord(ctx, function.Call{ID: r.Req.CallID, Function: r.Req.Function, Version: r.Req.Version, Mode: r.Mode,
+		CreatedAt: r.Created}, res, started)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
-	_, uerr := w.store.Update(sctx, r.Req.Function, r.Req.CallID, func(c *function.Call) error {
-		finish(c, res, w.cfg.ID, started)
-		return nil
-	})
-	if uerr != nil {
-		log.Warn("store the resumed call's outcome", "err", uerr)
-	}
 	if r.Mode == "sync" {
 		reply := callmsg.Reply(res)
 		if err != nil {
