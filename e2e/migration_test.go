@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -292,5 +296,42 @@ func checkSteps(t *testing.T, payload []byte, steps int) {
 	var r migrationResult
 	if err := json.Unmarshal(payload, &r); err != nil || r.Steps != steps || len(r.Sum) != 64 {
 		t.Errorf("result %s: %v", payload, err)
+	}
+}
+
+// TestCloudNoticeEvicts: a worker polling GCP's metadata server (a local
+// one serving the documented format) evicts itself and exits when the
+// instance is marked preempted.
+func TestCloudNoticeEvicts(t *testing.T) {
+	var preempted atomic.Bool
+	md := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/computeMetadata/v1/instance/preempted" || r.Header.Get("Metadata-Flavor") != "Google" {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Metadata-Flavor", "Google")
+		if preempted.Load() {
+			fmt.Fprint(w, "TRUE")
+		} else {
+			fmt.Fprint(w, "FALSE")
+		}
+	}))
+	defer md.Close()
+	s := startServer(t, "--eviction-notice=gcp", "--metadata-url="+md.URL, "--eviction-poll=100ms")
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-s.done:
+		t.Fatal("the worker exited before any notice")
+	default:
+	}
+	preempted.Store(true)
+	select {
+	case <-s.done:
+	case <-time.After(40 * time.Second):
+		t.Fatal("the worker did not exit after the preemption notice")
+	}
+	out := s.out.String()
+	if !strings.Contains(out, "gcp eviction notice") || !strings.Contains(out, "eviction over") {
+		t.Errorf("the log does not show the eviction:\n%s", tail(out, 4000))
 	}
 }
