@@ -95,16 +95,37 @@ func startMigrationCluster(t *testing.T, extra ...string) (*bench.Cluster, *clie
 	return c, cl
 }
 
-// alone stops worker w2, so that the calls started next all run on w1;
-// the caller restarts w2 once they run.
-func alone(t *testing.T, c *bench.Cluster) {
+type outcome struct {
+	res *client.Result
+	err error
+}
+
+// twoCallsOnW1 starts a sync and an async call of steps steps, both on
+// worker w1 (w2 is stopped meanwhile, then started again), and returns
+// once both run: the sync call's outcome arrives on the channel.
+func twoCallsOnW1(t *testing.T, ctx context.Context, c *bench.Cluster, cl *client.Client, steps int) (chan outcome, function.Call, string) {
 	t.Helper()
 	if err := c.Signal("w2", syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Wait(longCtx(t), "w2"); err != nil {
+	if err := c.Wait(ctx, "w2"); err != nil {
 		t.Fatal(err)
 	}
+	event := []byte(fmt.Sprintf(`{"steps": %d}`, steps))
+	sync := make(chan outcome, 1)
+	go func() {
+		res, err := cl.Invoke(ctx, "steps", 0, event)
+		sync <- outcome{res, err}
+	}()
+	async, err := cl.InvokeAsync(ctx, "steps", 0, event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := runningOn(t, cl, 2)
+	if err := c.Restart(ctx, "w2"); err != nil {
+		t.Fatal(err)
+	}
+	return sync, async, victim
 }
 
 // runningOn waits until some worker runs n calls, and names it.
@@ -134,24 +155,7 @@ func runningOn(t *testing.T, cl *client.Client, n int) string {
 func TestSIGTERMMovesCalls(t *testing.T) {
 	c, cl := startMigrationCluster(t)
 	ctx := longCtx(t)
-	type outcome struct {
-		res *client.Result
-		err error
-	}
-	alone(t, c)
-	sync := make(chan outcome, 1)
-	go func() {
-		res, err := cl.Invoke(ctx, "steps", 0, []byte(`{"steps": 300}`))
-		sync <- outcome{res, err}
-	}()
-	async, err := cl.InvokeAsync(ctx, "steps", 0, []byte(`{"steps": 300}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	victim := runningOn(t, cl, 2)
-	if err := c.Restart(ctx, "w2"); err != nil {
-		t.Fatal(err)
-	}
+	sync, async, victim := twoCallsOnW1(t, ctx, c, cl, 300)
 	if err := c.Signal(victim, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +180,8 @@ func TestSIGTERMMovesCalls(t *testing.T) {
 	for _, id := range []string{o.res.CallID, async.ID} {
 		var call function.Call
 		testenv.Eventually(t, 30*time.Second, "the record of "+id+" complete", func() bool {
-			call, err = cl.Call(ctx, id)
+			c, err := cl.Call(ctx, id)
+			call = c
 			return err == nil && call.Status == function.StatusSucceeded
 		})
 		checkSteps(t, call.Result, 300)
@@ -225,24 +230,7 @@ func TestSIGTERMMovesCalls(t *testing.T) {
 func TestSIGKILLRerunsCalls(t *testing.T) {
 	c, cl := startMigrationCluster(t)
 	ctx := longCtx(t)
-	type outcome struct {
-		res *client.Result
-		err error
-	}
-	alone(t, c)
-	sync := make(chan outcome, 1)
-	go func() {
-		res, err := cl.Invoke(ctx, "steps", 0, []byte(`{"steps": 600}`))
-		sync <- outcome{res, err}
-	}()
-	async, err := cl.InvokeAsync(ctx, "steps", 0, []byte(`{"steps": 600}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	victim := runningOn(t, cl, 2)
-	if err := c.Restart(ctx, "w2"); err != nil {
-		t.Fatal(err)
-	}
+	sync, async, victim := twoCallsOnW1(t, ctx, c, cl, 600)
 	if err := c.Signal(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +256,8 @@ func TestSIGKILLRerunsCalls(t *testing.T) {
 	for _, id := range []string{o.res.CallID, async.ID} {
 		var call function.Call
 		testenv.Eventually(t, 30*time.Second, "the record of "+id+" complete", func() bool {
-			call, err = cl.Call(ctx, id)
+			c, err := cl.Call(ctx, id)
+			call = c
 			return err == nil && call.Status == function.StatusSucceeded
 		})
 		js, _ := json.Marshal(call.Attempts)

@@ -547,6 +547,78 @@ def handler(event, context):
 		}
 	}},
 
+	{"mid-call hand-over", func(t *testing.T, p *agentProc) {
+		// The handler holds a socket for its first steps (a hand-over is
+		// deferred then), and folds its state into the result.
+		ready(t, p, `import socket, time
+def handler(event, context):
+    s = socket.socket()
+    acc = 0
+    for i in range(event["steps"]):
+        if i == event["close_at"]:
+            s.close()
+        acc += i
+        time.sleep(0.005)
+    print("done", acc)
+    return {"acc": acc}
+`)
+		ctx := testenv.Ctx(t)
+		sock := filepath.Join(t.TempDir(), "ctl", "ctl.sock")
+		type out struct {
+			res []byte
+			err error
+		}
+		done := make(chan out, 1)
+		go func() {
+			res, ferr, err := p.client.Invoke(ctx, InvokeParams{ID: "m1", Payload: []byte(`{"steps": 200, "close_at": 40}`),
+				CheckpointListen: sock}, nil)
+			if ferr != nil {
+				err = fmt.Errorf("function error %+v", ferr)
+			}
+			done <- out{res, err}
+		}()
+		var o out
+	signal:
+		for {
+			_ = p.cmd.Process.Signal(CheckpointSignal)
+			select {
+			case o = <-done:
+				break signal
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		var ck *Checkpointed
+		if !errors.As(o.err, &ck) {
+			t.Fatalf("Invoke under signals = %s, %v; want a *Checkpointed", o.res, o.err)
+		}
+		if ck.CallID != "m1" || ck.Defers == 0 || !strings.Contains(ck.Reason, "socket") {
+			t.Errorf("checkpointed %+v: want deferrals while the handler held its socket", ck)
+		}
+		// As after a failed dump: reconnect to the same process.
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.client = NewClient(conn)
+		res, err := p.client.AfterRestore(ctx, false)
+		if err != nil || res.InCall != "m1" {
+			t.Fatalf("AfterRestore = %+v, %v; want the call m1 in flight", res, err)
+		}
+		var l logs
+		got, ferr, err := p.client.Await(ctx, "m1", l.add)
+		if err != nil || ferr != nil || string(got) != `{"acc": 19900}` {
+			t.Fatalf("Await = %s, %+v, %v", got, ferr, err)
+		}
+		if out := l.text("m1", "stdout"); out != "done 19900\n" {
+			t.Errorf("stdout after the hand-over %q", out)
+		}
+		// A signal between calls does nothing.
+		_ = p.cmd.Process.Signal(CheckpointSignal)
+		if got := invokeOK(t, p, "m2", `{"steps": 3, "close_at": 0}`, nil); string(got) != `{"acc": 3}` {
+			t.Errorf("the next call: %s", got)
+		}
+	}},
+
 	{"invoke before init", func(t *testing.T, p *agentProc) {
 		if _, err := p.client.Handshake(testenv.Ctx(t)); err != nil {
 			t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"github.com/torpor-dev/torpor/api"
 	"github.com/torpor-dev/torpor/internal/client"
 	"github.com/torpor-dev/torpor/internal/errdefs"
+	"github.com/torpor-dev/torpor/internal/miniosrv"
 )
 
 // A process cluster: one `torpor gateway` (with the embedded NATS
@@ -310,7 +310,7 @@ func (c *Cluster) startGateway(ctx context.Context) error {
 	tokenFile := filepath.Join(home, "nats", "token")
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		natsAddr, err := freeLoopbackAddr()
+		natsAddr, err := miniosrv.FreeLoopbackAddr()
 		if err != nil {
 			return fmt.Errorf("cluster: find a port for NATS: %w", err)
 		}
@@ -523,15 +523,4 @@ func logTail(path string) string {
 		return prefix + s
 	}
 	return "(empty)"
-}
-
-// freeLoopbackAddr returns a loopback address whose port was free a moment
-// ago.
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }

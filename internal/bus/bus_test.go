@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,7 @@ func TestOpenEmbeddedDeclares(t *testing.T) {
 		t.Fatalf("stream %s: %v", StreamCalls, err)
 	}
 	ci := calls.CachedInfo().Config
-	if ci.Retention != jetstream.WorkQueuePolicy || len(ci.Subjects) != 1 || ci.Subjects[0] != SubjCalls+">" ||
+	if ci.Retention != jetstream.WorkQueuePolicy || !slices.Equal(ci.Subjects, []string{SubjCalls + ">", SubjResume + ">"}) ||
 		ci.Storage != jetstream.FileStorage || ci.Duplicates != 10*time.Minute {
 		t.Errorf("%s config = %+v", StreamCalls, ci)
 	}

@@ -232,12 +232,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--eviction-grace %s: use 0 (stop at once) or a positive duration", c.EvictionGrace))
 	}
 	switch c.EvictionNotice {
-	case "", "none", "aws", "gcp", "azure":
+	case "", "none":
+	case "aws", "gcp", "azure":
+		// The poll interval matters only to a poller.
+		if c.EvictionPoll < 100*time.Millisecond {
+			errs = append(errs, fmt.Errorf("--eviction-poll %s: use at least 100ms", c.EvictionPoll))
+		}
 	default:
 		errs = append(errs, fmt.Errorf("--eviction-notice %q: use aws, gcp, azure or none", c.EvictionNotice))
-	}
-	if c.EvictionPoll < 100*time.Millisecond {
-		errs = append(errs, fmt.Errorf("--eviction-poll %s: use at least 100ms", c.EvictionPoll))
 	}
 	if c.WorkerID == "" {
 		errs = append(errs, errors.New("--worker-id is empty"))

@@ -37,6 +37,7 @@ func TestDefaultWithoutEnv(t *testing.T) {
 		WorkerID: host, Python: "python3", IdleTTL: 10 * time.Minute, MaxIdle: 256,
 		Templates: true, TemplateTTL: time.Hour,
 		PidsLimit: 128, TmpMB: 512, SandboxNetwork: "none", SnapshotCompression: "zstd",
+		EvictionGrace: 30 * time.Second, EvictionPoll: 2 * time.Second,
 	}
 	if c != want {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -125,6 +126,9 @@ func TestValidateAccepts(t *testing.T) {
 		{"ack wait 1s", func(c *Config) { c.AckWait = time.Second }},
 		{"auth none", func(c *Config) { c.Auth = AuthNone }},
 		{"token file", func(c *Config) { c.APITokenFile = "/etc/torpor/token" }},
+		{"no eviction grace", func(c *Config) { c.EvictionGrace = 0 }},
+		{"aws notices", func(c *Config) { c.EvictionNotice, c.EvictionPoll = "aws", time.Second }},
+		{"no notices, no poll", func(c *Config) { c.EvictionNotice, c.EvictionPoll = "none", 0 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,6 +163,10 @@ func TestValidateRejects(t *testing.T) {
 		{"unknown auth", func(c *Config) { c.Auth = "basic" }, []string{"--auth", `"basic"`, "token", "none"}},
 		{"empty auth", func(c *Config) { c.Auth = "" }, []string{"--auth"}},
 		{"upper-case auth", func(c *Config) { c.Auth = "NONE" }, []string{"--auth"}},
+		{"negative eviction grace", func(c *Config) { c.EvictionGrace = -time.Second }, []string{"--eviction-grace", "-1s"}},
+		{"unknown notice source", func(c *Config) { c.EvictionNotice = "ibm" }, []string{"--eviction-notice", `"ibm"`, "aws"}},
+		{"notice poll too fast", func(c *Config) { c.EvictionNotice, c.EvictionPoll = "gcp", 10 * time.Millisecond },
+			[]string{"--eviction-poll", "10ms", "100ms"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,11 +83,11 @@ func startOnce(ctx context.Context, bin, dir string) (*Server, error) {
 		return nil, err
 	}
 	srv := &Server{AccessKey: "torpor-" + randomHex(8), SecretKey: randomHex(20), DataDir: filepath.Join(dir, "data")}
-	addr, err := freeLoopbackAddr()
+	addr, err := FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
-	console, err := freeLoopbackAddr()
+	console, err := FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -150,9 +150,9 @@ func startOnce(ctx context.Context, bin, dir string) (*Server, error) {
 	}
 }
 
-// freeLoopbackAddr returns a loopback address whose port was free a moment
+// FreeLoopbackAddr returns a loopback address whose port was free a moment
 // ago.
-func freeLoopbackAddr() (string, error) {
+func FreeLoopbackAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err

@@ -104,41 +104,51 @@ func (s *callStats) predictCheckpoint(ver function.Version) time.Duration {
 // evictPlan is what an eviction does with one running call.
 type evictPlan struct {
 	rc       *runningCall
-	memory   uint64
+	memory   uint64        // its instance's, now
 	finish   bool          // let it finish; moved only if it is still running at deadline
-	deadline time.Duration // from the eviction's start
+	deadline time.Duration // from the eviction's start; 0: no watchdog
+	why      string        // why it is let finish
 }
 
-// plan decides, for each running call, to move it now or let it finish:
-// a call is let finish when it is predicted to end with time left to move
-// it should the prediction be wrong. Calls to move are ordered smallest
-// first (R-Check: more of them fit in the grace period).
-func (w *Worker) plan(calls []*runningCall, grace time.Duration, now time.Time) []evictPlan {
-	out := make([]evictPlan, 0, len(calls))
-	for _, rc := range calls {
-		p := evictPlan{rc: rc}
-		if st, err := rc.in.sb.Stats(); err == nil {
-			p.memory = st.MemoryBytes
-		}
-		ckpt := w.stats.predictCheckpoint(rc.ver)
-		if !rc.movable {
-			p.finish = true // it can only finish (see wantsMovable)
-		} else if run, ok := w.stats.predictRun(rc.ver); ok {
-			left := run - rc.elapsed - now.Sub(rc.started)
-			latest := grace - 2*ckpt
-			if left > 0 && left < latest {
-				p.finish, p.deadline = true, latest
+// Reasons a call is let finish on an evicted worker.
+const (
+	finishUnmovable = "cannot be checkpointed" // a forked instance (see wantsMovable)
+	finishEnds      = "ends within the grace"  // its timeout (or slice) ends first
+	finishPredicted = "predicted to end"       // its function's calls usually end in time
+)
+
+// plan decides, for each running call, to move it now or let it finish,
+// and orders the moves. A call is let finish when it can only finish,
+// when its timeout (or its slice's end, where it is checkpointed anyway)
+// comes before the grace runs out, or when it is predicted to end with
+// time left to move it should the prediction be wrong (R-Check's future
+// work). Calls to move go smallest first: more of them fit in the grace.
+func (s *callStats) plan(plans []evictPlan, grace time.Duration, now time.Time) []evictPlan {
+	for i := range plans {
+		p := &plans[i]
+		rc := p.rc
+		latest := grace - 2*s.predictCheckpoint(rc.ver)
+		switch {
+		case !rc.movable:
+			p.finish, p.why = true, finishUnmovable
+		case !rc.ends.IsZero() && rc.ends.Sub(now) < latest:
+			p.finish, p.why = true, finishEnds
+		default:
+			if run, ok := s.predictRun(rc.ver); ok {
+				left := run - rc.elapsed - now.Sub(rc.started)
+				if left > 0 && left < latest {
+					p.finish, p.deadline, p.why = true, latest, finishPredicted
+				}
 			}
 		}
-		out = append(out, p)
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].finish != out[j].finish {
-			return !out[i].finish
+	sort.SliceStable(plans, func(i, j int) bool {
+		if plans[i].finish != plans[j].finish {
+			return !plans[i].finish
 		}
-		return out[i].memory < out[j].memory
+		return plans[i].memory < plans[j].memory
 	})
-	return out
+	return plans
 }
 
 // evictConcurrency bounds the checkpoints an eviction runs at once: CRIU
@@ -168,14 +178,22 @@ func (w *Worker) evict(ctx context.Context, grace time.Duration, why string) api
 	calls := w.runningCalls()
 	rep.Running = len(calls)
 	w.log.Warn("eviction: moving running calls to other workers", "reason", why, "grace", grace, "running", len(calls))
-	plans := w.plan(calls, grace, start)
+	plans := make([]evictPlan, len(calls))
+	for i, rc := range calls {
+		plans[i].rc = rc
+		if st, err := rc.in.sb.Stats(); err == nil {
+			plans[i].memory = st.MemoryBytes
+		}
+	}
+	plans = w.stats.plan(plans, grace, start)
 	sem := make(chan struct{}, evictConcurrency())
 	var wg sync.WaitGroup
 	for _, p := range plans {
 		rc := p.rc
 		if p.finish {
 			rep.LetFinish++
-			if rc.movable {
+			w.log.Info("eviction: letting a call finish", "fn", rc.ver.Name, "call", rc.id, "why", p.why)
+			if p.deadline > 0 {
 				// Should the prediction be wrong, move it while there is time.
 				t := time.AfterFunc(time.Until(start.Add(p.deadline)), func() { rc.leave(function.ReasonEviction) })
 				go func() { <-rc.done; t.Stop() }()

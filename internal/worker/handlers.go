@@ -50,8 +50,13 @@ func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res fun
 	}
 	w.calls.Add(1)
 	w.closeMu.RUnlock()
-	defer w.calls.Done()
-	w.serveSync(ctx, req, "", func(r function.InvokeResult, e error) { res, err = r, e })
+	await := w.serveSync(ctx, req, "", func(r function.InvokeResult, e error) { res, err = r, e })
+	// A call that moved runs on another worker: waiting for its outcome
+	// is not a call running here, and must not hold up an eviction.
+	w.calls.Done()
+	if await != nil {
+		return awaitMoved(ctx, await)
+	}
 	return res, err
 }
 
@@ -60,6 +65,12 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // HasIdle implements dispatch.Local.
 func (w *Worker) HasIdle(name string, version int) bool {
+	w.closeMu.RLock()
+	closing := w.closing
+	w.closeMu.RUnlock()
+	if closing { // evicted or shutting down: calls go to other workers
+		return false
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.idle[poolKey(name, version)]) > 0
@@ -68,8 +79,9 @@ func (w *Worker) HasIdle(name string, version int) bool {
 // serveSync runs a sync call, hands the outcome to reply, then finishes the
 // call's log and record off the caller's path. A call that moves to
 // another worker is answered by that worker, on replyTo; with no replyTo
-// (an in-process caller) serveSync waits for the answer on an inbox.
-func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, replyTo string, reply func(function.InvokeResult, error)) {
+// (an in-process caller) serveSync returns the subscription on which the
+// answer will arrive (see awaitMoved), and does not call reply.
+func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, replyTo string, reply func(function.InvokeResult, error)) (await *nats.Subscription) {
 	created := time.Now().UTC()
 	res, closeLog, err := w.execute(ctx, req, w.cfg.QueueWait)
 	var mv *moved
@@ -83,7 +95,7 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 			replyTo = w.bus.NC.NewRespInbox()
 			if sub, err = w.bus.NC.SubscribeSync(replyTo); err != nil {
 				reply(res, fmt.Errorf("call %s moved, but waiting for its outcome failed: %v: %w", req.CallID, err, errdefs.ErrUnavailable))
-				return
+				return nil
 			}
 		}
 		if err := w.handOff(ctx, req, mv, "sync", replyTo, created); err != nil {
@@ -91,17 +103,14 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 				_ = sub.Unsubscribe()
 			}
 			reply(res, err)
-			return
+			return nil
 		}
-		if sub != nil {
-			reply(awaitMoved(ctx, sub))
-		}
-		return // the worker that finishes the call answers the caller
+		return sub // the worker that finishes the call answers the caller
 	}
 	if err != nil {
 		w.log.Warn("call failed", "fn", req.Function, "call", req.CallID, "err", err)
 		reply(res, err)
-		return
+		return nil
 	}
 	reply(res, nil)
 	w.wg.Add(1)
@@ -116,6 +125,7 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 		}
 		w.record(c, res, created)
 	}()
+	return nil
 }
 
 // record queues the record of a finished sync call; the write happens off the
@@ -333,17 +343,7 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
 			return errAlreadyDone
 		}
-		failures = 0
-		for i := range c.Attempts {
-			if c.Attempts[i].FinishedAt.IsZero() {
-				c.Attempts[i].Outcome, c.Attempts[i].Reason = function.OutcomeLost, function.ReasonCrash // its worker died before finishing
-			}
-			if strings.HasPrefix(c.Attempts[i].Outcome, "retry:") {
-				failures++
-			}
-		}
-		c.Status = function.StatusRunning
-		c.Attempts = append(c.Attempts, function.Attempt{Worker: w.cfg.ID, StartedAt: started})
+		failures = openAttempt(c, function.Attempt{Worker: w.cfg.ID, StartedAt: started})
 		return nil
 	})
 	cancel()
@@ -418,6 +418,23 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	if err := msg.DoubleAck(sctx); err != nil {
 		log.Warn("ack async call", "err", fmt.Errorf("ack: %w", err))
 	}
+}
+
+// openAttempt starts attempt a of call c: an earlier attempt left
+// unfinished lost its worker (a crash), and the call runs again. It
+// returns how many attempts failed for the platform (retries).
+func openAttempt(c *function.Call, a function.Attempt) (failures int) {
+	for i := range c.Attempts {
+		if c.Attempts[i].FinishedAt.IsZero() {
+			c.Attempts[i].Outcome, c.Attempts[i].Reason = function.OutcomeLost, function.ReasonCrash
+		}
+		if strings.HasPrefix(c.Attempts[i].Outcome, "retry:") {
+			failures++
+		}
+	}
+	c.Status = function.StatusRunning
+	c.Attempts = append(c.Attempts, a)
+	return failures
 }
 
 // finalAsyncError decides whether a platform error ends an async call: a

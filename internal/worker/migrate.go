@@ -45,6 +45,7 @@ type runningCall struct {
 	in      *instance
 	ver     function.Version
 	started time.Time // this hop's start
+	ends    time.Time // this hop's hard end: the slice's or the call's timeout
 	elapsed time.Duration
 	movable bool
 
@@ -90,8 +91,8 @@ func (w *Worker) wantsMovable(ver function.Version) bool {
 
 // startRunning registers a call running on in and, for a movable call,
 // starts the loop that signals its agent once it is asked to leave.
-func (w *Worker) startRunning(id string, in *instance, ver function.Version, elapsed time.Duration) *runningCall {
-	rc := &runningCall{id: id, in: in, ver: ver, started: time.Now(), elapsed: elapsed, movable: w.movable(in),
+func (w *Worker) startRunning(id string, in *instance, ver function.Version, elapsed time.Duration, started, ends time.Time) *runningCall {
+	rc := &runningCall{id: id, in: in, ver: ver, started: started, ends: ends, elapsed: elapsed, movable: w.movable(in),
 		leaveC: make(chan struct{}), done: make(chan struct{})}
 	rc.armed.Store(true)
 	w.running.Store(id, rc)
@@ -230,14 +231,21 @@ func addAttempt(c *function.Call, worker string, a function.Attempt) {
 }
 
 // awaitMoved waits on the inbox sub for the outcome of a sync call that
-// moved while this process's dispatcher waited for it in-process.
+// moved while this process's dispatcher waited for it in-process. The
+// workers the call moves through note their progress there first
+// (running, moving); the call is durable in the queue meanwhile, so a
+// resuming worker that dies only delays the outcome.
 func awaitMoved(ctx context.Context, sub *nats.Subscription) (function.InvokeResult, error) {
 	defer func() { _ = sub.Unsubscribe() }()
-	m, err := sub.NextMsgWithContext(ctx)
-	if err != nil {
-		return function.InvokeResult{}, fmt.Errorf("waiting for the moved call's outcome: %v: %w", err, errdefs.ErrUnavailable)
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return function.InvokeResult{}, fmt.Errorf("waiting for the moved call's outcome: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		if !callmsg.IsNote(m) {
+			return callmsg.ParseReply(m)
+		}
 	}
-	return callmsg.ParseReply(m)
 }
 
 // handleResume restores a call that another worker (or this one) checkpointed
@@ -261,14 +269,7 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
 			return errAlreadyDone
 		}
-		for i := range c.Attempts {
-			if c.Attempts[i].FinishedAt.IsZero() {
-				c.Attempts[i].Outcome = function.OutcomeLost // its worker died before finishing
-				c.Attempts[i].Reason = function.ReasonCrash
-			}
-		}
-		c.Status = function.StatusRunning
-		c.Attempts = append(c.Attempts, function.Attempt{Worker: w.cfg.ID, Start: function.StartResume, StartedAt: started, Snapshot: r.Snapshot})
+		openAttempt(c, function.Attempt{Worker: w.cfg.ID, Start: function.StartResume, StartedAt: started, Snapshot: r.Snapshot})
 		return nil
 	})
 	cancel()
