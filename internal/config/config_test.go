@@ -165,7 +165,7 @@ func TestValidateRejects(t *testing.T) {
 		{"upper-case auth", func(c *Config) { c.Auth = "NONE" }, []string{"--auth"}},
 		{"negative eviction grace", func(c *Config) { c.EvictionGrace = -time.Second }, []string{"--eviction-grace", "-1s"}},
 		{"unknown notice source", func(c *Config) { c.EvictionNotice = "ibm" }, []string{"--eviction-notice", `"ibm"`, "aws"}},
-		{"notice poll too fast", func(c *Config) { c.EvictionNotice, c.EvictionPoll = "gcp", 10 * time.Millisecond },
+		{"notice poll too fast", func(c *Config) { c.EvictionNotice, c.EvictionPoll = "gcp", 10*time.Millisecond },
 			[]string{"--eviction-poll", "10ms", "100ms"}},
 	}
 	for _, tt := range tests {
