@@ -224,52 +224,67 @@ func TestSIGTERMMovesCalls(t *testing.T) {
 	checkSteps(t, o.res.Payload, 300)
 }
 
-// TestSIGKILLRerunsCalls: a worker killed without notice cannot checkpoint;
-// its sync and async calls run again from the start on the other worker
-// (at least once), and their records say so.
-func TestSIGKILLRerunsCalls(t *testing.T) {
-	c, cl := startMigrationCluster(t)
-	ctx := longCtx(t)
-	sync, async, victim := twoCallsOnW1(t, ctx, c, cl, 600)
-	if err := c.Signal(victim, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+// TestRerunsWithoutCheckpoint: a worker that goes away without
+// checkpointing its calls — killed without notice (SIGKILL), or evicted
+// with no grace period (the re-run policy) — leaves them to run again
+// from the start on the other worker (at least once); their records say
+// which attempt was lost, and why.
+func TestRerunsWithoutCheckpoint(t *testing.T) {
+	tests := []struct {
+		name   string
+		sig    syscall.Signal
+		extra  []string
+		reason string
+	}{
+		{"SIGKILL", syscall.SIGKILL, nil, function.ReasonCrash},
+		{"SIGTERM without grace", syscall.SIGTERM, []string{"--eviction-grace=0"}, function.ReasonEviction},
 	}
-	_ = c.Wait(ctx, victim)
-	var o outcome
-	select {
-	case o = <-sync:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the sync call never returned")
-	}
-	if o.err != nil || o.res.FunctionError != nil {
-		t.Fatalf("sync call: %v %+v", o.err, o.res)
-	}
-	checkSteps(t, o.res.Payload, 600)
-	if !testenv.Within(90*time.Second, func() bool {
-		call, err := cl.Call(ctx, async.ID)
-		return err == nil && (call.Status == function.StatusSucceeded || call.Status == function.StatusFailed)
-	}) {
-		call, err := cl.Call(ctx, async.ID)
-		t.Fatalf("the async call is not done after 90 s: %+v %v", call, err)
-	}
-	lost := 0
-	for _, id := range []string{o.res.CallID, async.ID} {
-		var call function.Call
-		testenv.Eventually(t, 30*time.Second, "the record of "+id+" complete", func() bool {
-			c, err := cl.Call(ctx, id)
-			call = c
-			return err == nil && call.Status == function.StatusSucceeded
-		})
-		js, _ := json.Marshal(call.Attempts)
-		t.Logf("call %s (%s): %s", id, call.Mode, js)
-		for _, a := range call.Attempts {
-			if a.Outcome == function.OutcomeLost && a.Reason == function.ReasonCrash && a.Worker == victim {
-				lost++
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, cl := startMigrationCluster(t, tt.extra...)
+			ctx := longCtx(t)
+			sync, async, victim := twoCallsOnW1(t, ctx, c, cl, 600)
+			if err := c.Signal(victim, tt.sig); err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	if lost != 2 {
-		t.Errorf("%d records show the attempt lost on %s, want both", lost, victim)
+			_ = c.Wait(ctx, victim)
+			var o outcome
+			select {
+			case o = <-sync:
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the sync call never returned")
+			}
+			if o.err != nil || o.res.FunctionError != nil {
+				t.Fatalf("sync call: %v %+v", o.err, o.res)
+			}
+			checkSteps(t, o.res.Payload, 600)
+			if !testenv.Within(90*time.Second, func() bool {
+				call, err := cl.Call(ctx, async.ID)
+				return err == nil && (call.Status == function.StatusSucceeded || call.Status == function.StatusFailed)
+			}) {
+				call, err := cl.Call(ctx, async.ID)
+				t.Fatalf("the async call is not done after 90 s: %+v %v", call, err)
+			}
+			lost := 0
+			for _, id := range []string{o.res.CallID, async.ID} {
+				var call function.Call
+				testenv.Eventually(t, 30*time.Second, "the record of "+id+" complete", func() bool {
+					c, err := cl.Call(ctx, id)
+					call = c
+					return err == nil && call.Status == function.StatusSucceeded
+				})
+				js, _ := json.Marshal(call.Attempts)
+				t.Logf("call %s (%s): %s", id, call.Mode, js)
+				for _, a := range call.Attempts {
+					if a.Outcome == function.OutcomeLost && a.Reason == tt.reason && a.Worker == victim {
+						lost++
+					}
+				}
+			}
+			if lost != 2 {
+				t.Errorf("%d records show the attempt lost (%s) on %s, want both", lost, tt.reason, victim)
+			}
+		})
 	}
 }
 

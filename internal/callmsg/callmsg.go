@@ -38,10 +38,11 @@ const (
 // Progress notes a worker sends on a sync call's reply subject before its
 // outcome (Note): who runs the call now, and when it has moved into the
 // durable queue. The dispatcher re-runs a call whose worker died without
-// a checkpoint (at least once), and never one that moved.
+// a checkpoint (at least once), or abandoned it, and never one that moved.
 const (
-	OutcomeRunning = "running" // HWorker runs the call
-	OutcomeMoving  = "moving"  // the call left its worker as a checkpoint and waits in the durable queue
+	OutcomeRunning   = "running"   // HWorker runs the call
+	OutcomeMoving    = "moving"    // the call left its worker as a checkpoint and waits in the durable queue
+	OutcomeAbandoned = "abandoned" // HWorker stopped the call unfinished and without a checkpoint (an eviction's grace ran out)
 )
 
 // Note encodes a progress note.
@@ -55,7 +56,7 @@ func Note(outcome, worker string) *nats.Msg {
 // IsNote reports whether m is a progress note rather than an outcome.
 func IsNote(m *nats.Msg) bool {
 	o := m.Header.Get(HOutcome)
-	return o == OutcomeRunning || o == OutcomeMoving
+	return o == OutcomeRunning || o == OutcomeMoving || o == OutcomeAbandoned
 }
 
 // Outcomes of a reply.

@@ -258,9 +258,10 @@ const deathCheck = time.Second
 // request sends a sync call to subject and waits for its outcome. The
 // worker that takes it notes so on the reply subject; should that worker
 // die without a checkpoint (SIGKILL, a crash: the directory sees its entry
-// go stale), the call is recorded as lost there and sent again, to run
-// from the start (at least once). A call that moved is in the durable
-// queue and is never sent again.
+// go stale) or abandon the call (an eviction with no grace left), the call
+// is recorded as lost there and sent again, to run from the start (at
+// least once). A call that moved is in the durable queue and is never sent
+// again.
 func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (*nats.Msg, error) {
 	for attempt := 1; ; attempt++ {
 		req.Attempt = attempt
@@ -275,14 +276,14 @@ func (d *Dispatcher) request(ctx context.Context, subject string, req function.I
 			_ = sub.Unsubscribe()
 			return nil, err
 		}
-		reply, dead, since, err := d.await(ctx, sub)
+		reply, lost, err := d.await(ctx, sub)
 		_ = sub.Unsubscribe()
-		if err != nil || dead == "" {
+		if err != nil || lost.Worker == "" {
 			return reply, err
 		}
-		d.log.Warn("the worker running a call died; running it again from the start", "call", req.CallID, "fn", req.Function,
-			"worker", dead, "attempt", attempt)
-		d.recordLost(ctx, req, dead, since)
+		d.log.Warn("the worker running a call went away without a checkpoint; running it again from the start", "call", req.CallID,
+			"fn", req.Function, "worker", lost.Worker, "reason", lost.Reason, "attempt", attempt)
+		d.recordLost(ctx, req, lost)
 		if attempt > maxCrashReruns {
 			return nil, fmt.Errorf("call %s: %d workers died running it: %w", req.CallID, attempt, errdefs.ErrUnavailable)
 		}
@@ -290,40 +291,55 @@ func (d *Dispatcher) request(ctx context.Context, subject string, req function.I
 	}
 }
 
-// await reads sub until the call's outcome arrives, or its worker dies
-// (dead names it; it took the call at since).
-func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *nats.Msg, dead string, since time.Time, err error) {
-	var worker string // runs the call now; "" before the first note and once it moved
+// await reads sub until the call's outcome arrives, or its worker dies or
+// abandons it: lost is then that attempt (outcome lost), and the call
+// runs again.
+func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *nats.Msg, lost function.Attempt, err error) {
+	var worker string // runs the call now; "" before the first note
+	var since time.Time
+	// Once the call has moved it is durable in the queue: a worker that
+	// resumes it and dies leaves it to the next, from the checkpoint, so
+	// it is never sent again from the start.
+	moved := false
+	gone := func(reason string) function.Attempt {
+		return function.Attempt{Worker: worker, StartedAt: since, FinishedAt: time.Now().UTC(), Outcome: function.OutcomeLost, Reason: reason}
+	}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, deathCheck)
 		m, err := sub.NextMsgWithContext(wctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil, "", since, ctx.Err()
+			return nil, lost, ctx.Err()
 		case errors.Is(err, nats.ErrNoResponders):
-			return nil, "", since, err
+			return nil, lost, err
 		case err != nil:
-			if worker != "" && d.dir != nil && d.dir.Dead(worker) {
-				return nil, worker, since, nil
+			if worker != "" && !moved && d.dir != nil && d.dir.Dead(worker) {
+				return nil, gone(function.ReasonCrash), nil
 			}
 			continue
 		case m.Header.Get("Status") == "503":
-			return nil, "", since, nats.ErrNoResponders
+			return nil, lost, nats.ErrNoResponders
 		case !callmsg.IsNote(m):
-			return m, "", since, nil
-		case m.Header.Get(callmsg.HOutcome) == callmsg.OutcomeRunning:
+			return m, lost, nil
+		}
+		switch m.Header.Get(callmsg.HOutcome) {
+		case callmsg.OutcomeRunning:
 			worker, since = m.Header.Get(callmsg.HWorker), time.Now().UTC()
-		default: // moving: durable from here on
-			worker = ""
+		case callmsg.OutcomeAbandoned:
+			if !moved {
+				worker = m.Header.Get(callmsg.HWorker)
+				return nil, gone(function.ReasonEviction), nil
+			}
+		default: // moving
+			moved = true
 		}
 	}
 }
 
-// recordLost notes in the call's record that worker died running it.
-func (d *Dispatcher) recordLost(ctx context.Context, req function.InvokeRequest, worker string, since time.Time) {
+// recordLost notes in the call's record the attempt that was lost.
+func (d *Dispatcher) recordLost(ctx context.Context, req function.InvokeRequest, lost function.Attempt) {
 	now := time.Now().UTC()
-	lost := function.Attempt{Worker: worker, StartedAt: since, FinishedAt: now, Outcome: function.OutcomeLost, Reason: function.ReasonCrash}
 	_, err := d.calls.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
 		c.Attempts = append(c.Attempts, lost)
 		return nil

@@ -192,7 +192,13 @@ func TestInvokeWithFakeWorker(t *testing.T) {
 	e.commit(t, "echo") // v2
 	e.commit(t, "fails")
 	e.commit(t, "busy")
+	e.commit(t, "evicted")
 	seen := e.fakeWorker(t, func(req function.InvokeRequest) *nats.Msg {
+		switch {
+		case req.Function == "evicted" && req.Attempt <= 1: // 0 on the wire: the first
+			// Its worker was evicted with no grace left: nothing moved.
+			return callmsg.Note(callmsg.OutcomeAbandoned, "w-gone")
+		}
 		switch req.Function {
 		case "fails":
 			return callmsg.Reply(function.InvokeResult{CallID: req.CallID, Version: req.Version, Start: function.StartCold,
@@ -247,6 +253,23 @@ func TestInvokeWithFakeWorker(t *testing.T) {
 		}
 		if res.Err == nil || res.Err.ErrorType != "ValueError" || res.Err.ErrorMessage != "nope" {
 			t.Errorf("Err = %+v", res.Err)
+		}
+	})
+	t.Run("abandoned call runs again", func(t *testing.T) {
+		res, err := e.d.Invoke(ctx, function.InvokeRequest{Function: "evicted", Payload: []byte(`1`)})
+		if err != nil || string(res.Payload) != "1" {
+			t.Fatalf("Invoke = %+v, %v; want the second attempt's result", res, err)
+		}
+		last := (*seen)[len(*seen)-1]
+		if last.Attempt != 2 || last.CallID != res.CallID {
+			t.Errorf("the worker saw %+v last; want attempt 2 of %s", last, res.CallID)
+		}
+		c, err := e.d.Call(ctx, res.CallID)
+		if err != nil || len(c.Attempts) == 0 {
+			t.Fatalf("record %+v, %v", c, err)
+		}
+		if a := c.Attempts[0]; a.Worker != "w-gone" || a.Outcome != function.OutcomeLost || a.Reason != function.ReasonEviction {
+			t.Errorf("first attempt %+v; want lost on w-gone (eviction)", a)
 		}
 	})
 	t.Run("platform error keeps its class", func(t *testing.T) {

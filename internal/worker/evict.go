@@ -158,9 +158,11 @@ func evictConcurrency() int { return 4 }
 
 // Evict stops the worker taking calls, moves its running calls to other
 // workers within grace (see plan), and then closes the worker. Calls it
-// could not move by then are abandoned: async ones run again from the
-// start elsewhere (JetStream redelivers them), sync ones fail. It returns
-// what it did; Evicted is closed when it is over. Evict is idempotent.
+// could not move by then are abandoned, and run again from the start
+// elsewhere (sync ones sent again by their dispatcher, async ones given
+// back to the queue); with no grace at all, every running call is. It
+// returns what it did; Evicted is closed when it is over. Evict is
+// idempotent.
 func (w *Worker) Evict(ctx context.Context, grace time.Duration, why string) api.EvictReport {
 	w.evictOnce.Do(func() { w.evictReport = w.evict(ctx, grace, why); close(w.evicted) })
 	<-w.evicted
@@ -186,6 +188,11 @@ func (w *Worker) evict(ctx context.Context, grace time.Duration, why string) api
 		}
 	}
 	plans = w.stats.plan(plans, grace, start)
+	if grace <= 0 {
+		// No time to move anything: every running call is abandoned and
+		// runs again from the start elsewhere (the re-run policy).
+		plans = nil
+	}
 	sem := make(chan struct{}, evictConcurrency())
 	var wg sync.WaitGroup
 	for _, p := range plans {

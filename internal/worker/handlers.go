@@ -31,7 +31,11 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 	_ = m.RespondMsg(callmsg.Note(callmsg.OutcomeRunning, w.cfg.ID))
 	w.serveSync(ctx, req, m.Reply, func(res function.InvokeResult, err error) {
 		reply := callmsg.Reply(res)
-		if err != nil {
+		switch {
+		case errors.Is(err, errAbandoned):
+			// The dispatcher runs it again elsewhere, as for a crash.
+			reply = callmsg.Note(callmsg.OutcomeAbandoned, w.cfg.ID)
+		case err != nil:
 			reply = callmsg.ErrorReply(err)
 		}
 		if rerr := m.RespondMsg(reply); rerr != nil {
@@ -376,6 +380,12 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 		if err := msg.DoubleAck(sctx); err != nil {
 			log.Warn("ack moved async call", "err", err)
 		}
+		return
+	}
+	if errors.Is(err, errAbandoned) {
+		// Not a failure of the call: it runs again at once, elsewhere.
+		w.lostAttempt(req, function.ReasonEviction)
+		_ = msg.Nak()
 		return
 	}
 	if err != nil {

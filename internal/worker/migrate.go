@@ -297,6 +297,13 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	if errors.Is(err, errAbandoned) {
+		// This worker is going away: the next one restores the same
+		// checkpoint (the caller, if any, waits on).
+		w.lostAttempt(r.Req, function.ReasonEviction)
+		_ = msg.Nak()
+		return
+	}
 	if err != nil {
 		res.Err = &function.Error{ErrorType: "ServiceException", ErrorMessage: fmt.Sprintf("torpor could not resume the call: %v", err)}
 	}
@@ -372,6 +379,21 @@ func (w *Worker) resume(ctx context.Context, r callmsg.Resume) (function.InvokeR
 	logs.platform(fmt.Sprintf("RESUME RequestId: %s Snapshot: %s From: %s Hop: %d Restore: %.2f ms",
 		r.Req.CallID, r.Snapshot, r.From, r.Hop, ms(res.StartTime)))
 	return w.run(ctx, ver, r.Req, in, res, logs, hopState{elapsed: r.Elapsed, n: r.Hop, resumed: true})
+}
+
+// lostAttempt closes the attempt this worker opened on req's call as lost.
+func (w *Worker) lostAttempt(req function.InvokeRequest, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == w.cfg.ID && c.Attempts[n-1].FinishedAt.IsZero() {
+			c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome, c.Attempts[n-1].Reason = time.Now().UTC(), function.OutcomeLost, reason
+		}
+		return nil
+	})
+	if err != nil {
+		w.log.Warn("record a lost attempt", "call", req.CallID, "err", err)
+	}
 }
 
 // setRestoreTime notes the restore time in the attempt handleResume opened.

@@ -299,6 +299,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
+// errAbandoned is the error of a call the worker stopped unfinished as it
+// closed (an eviction's grace ran out, or it had none): the call did not
+// move and runs again from the start elsewhere.
+var errAbandoned = fmt.Errorf("abandoned by its worker before it ended, without a checkpoint: %w", errdefs.ErrUnavailable)
+
 func errShuttingDown(id string) error {
 	return fmt.Errorf("worker %s is shutting down: %w", id, errdefs.ErrUnavailable)
 }
@@ -731,7 +736,7 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 		w.release(in)
 	case ctx.Err() != nil:
 		w.retire(in)
-		return res, noop, fmt.Errorf("call %s abandoned (%v): %w", req.CallID, ctx.Err(), errdefs.ErrUnavailable)
+		return res, noop, fmt.Errorf("call %s (%v): %w", req.CallID, ctx.Err(), errAbandoned)
 	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(t1.Add(slice)):
 		w.retire(in)
 		msg := fmt.Sprintf("Task timed out after %.2f seconds", ver.TimeoutSec)
