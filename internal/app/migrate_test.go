@@ -75,6 +75,16 @@ func TestEvictionMovesRunningCall(t *testing.T) {
 		done <- outcome{res, err}
 	}()
 	time.Sleep(400 * time.Millisecond)
+	// The worker's info lists the running call's instance as busy.
+	busy := 0
+	for _, p := range a.w.Info().Instances {
+		if p.State == "busy" {
+			busy++
+		}
+	}
+	if busy != 1 {
+		t.Errorf("worker info shows %d busy instances while the call runs, want 1", busy)
+	}
 	rep := a.w.Evict(context.Background(), 10*time.Second, "test")
 	t.Logf("eviction: %+v", rep)
 	if rep.Moved != 1 {

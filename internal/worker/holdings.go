@@ -94,10 +94,9 @@ func (w *Worker) Info() api.WorkerInfo {
 	for _, in := range idle {
 		add(in, "idle")
 	}
-	w.running.Range(func(_, v any) bool {
-		add(v.(*instance), "busy")
-		return true
-	})
+	for _, rc := range w.runningCalls() {
+		add(rc.in, "busy")
+	}
 	return info
 }
 
