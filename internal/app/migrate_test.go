@@ -119,7 +119,9 @@ func TestEvictionMovesRunningCall(t *testing.T) {
 		t.Fatalf("record: status %s, %d attempts", call.Status, len(call.Attempts))
 	}
 	first, second := call.Attempts[0], call.Attempts[1]
-	if first.Worker != "a" || first.Outcome != function.OutcomeCheckpointed || first.Reason != function.ReasonEviction ||
+	// The call's start, not its instance's: the validated instance was
+	// reused (hot), though it started cold.
+	if first.Worker != "a" || first.Start != function.StartHot || first.Outcome != function.OutcomeCheckpointed || first.Reason != function.ReasonEviction ||
 		first.Snapshot == "" || first.CheckpointMS <= 0 || first.ImageBytes <= 0 {
 		t.Errorf("first hop %+v", first)
 	}

@@ -43,6 +43,7 @@ const maxDumpAttempts = 3
 type runningCall struct {
 	id      string
 	in      *instance
+	start   string // how this call's instance started for it (hot, cold, resume, ...)
 	ver     function.Version
 	started time.Time // this hop's start
 	ends    time.Time // this hop's hard end: the slice's or the call's timeout
@@ -91,8 +92,8 @@ func (w *Worker) wantsMovable(ver function.Version) bool {
 
 // startRunning registers a call running on in and, for a movable call,
 // starts the loop that signals its agent once it is asked to leave.
-func (w *Worker) startRunning(id string, in *instance, ver function.Version, elapsed time.Duration, started, ends time.Time) *runningCall {
-	rc := &runningCall{id: id, in: in, ver: ver, started: started, ends: ends, elapsed: elapsed, movable: w.movable(in),
+func (w *Worker) startRunning(id string, in *instance, start string, ver function.Version, elapsed time.Duration, started, ends time.Time) *runningCall {
+	rc := &runningCall{id: id, in: in, start: start, ver: ver, started: started, ends: ends, elapsed: elapsed, movable: w.movable(in),
 		leaveC: make(chan struct{}), done: make(chan struct{})}
 	rc.armed.Store(true)
 	w.running.Store(id, rc)
@@ -173,7 +174,7 @@ func (w *Worker) checkpointCall(ctx context.Context, rc *runningCall, ck *agentp
 	w.stats.observeCheckpoint(rc.ver, took)
 	now := time.Now().UTC()
 	return &moved{snapshot: sres.ID, elapsed: rc.elapsed + ran, hop: hop, attempt: function.Attempt{
-		Worker: w.cfg.ID, Start: rc.in.start, StartedAt: rc.started.UTC(), FinishedAt: now,
+		Worker: w.cfg.ID, Start: rc.start, StartedAt: rc.started.UTC(), FinishedAt: now,
 		Outcome: function.OutcomeCheckpointed, Reason: rc.reason, Snapshot: sres.ID,
 		RunMS: ms(ran), CheckpointMS: ms(took), ImageBytes: sres.Image.CompressedBytes,
 	}}, nil

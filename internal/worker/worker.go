@@ -677,7 +677,7 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 	remaining := ver.MaxDuration() - h.elapsed
 	slice := min(ver.Timeout(), remaining)
 	last := remaining <= ver.Timeout()
-	rc := w.startRunning(req.CallID, in, ver, h.elapsed, t1, t1.Add(max(slice, 0)))
+	rc := w.startRunning(req.CallID, in, res.Start, ver, h.elapsed, t1, t1.Add(max(slice, 0)))
 	params := agentproto.InvokeParams{ID: req.CallID, Payload: req.Payload, Deadline: t1.Add(remaining)}
 	if rc.movable {
 		params.CheckpointListen = ctlListen
