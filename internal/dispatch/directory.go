@@ -91,8 +91,15 @@ func (d *Directory) apply(e jetstream.KeyValueEntry, initial bool) {
 	if e.Operation() != jetstream.KeyValuePut {
 		// A worker that shuts down deletes its entry while it is fresh;
 		// one that died leaves it to expire.
-		if old, ok := d.workers[e.Key()]; ok && stale(old.seen) {
-			d.expired[e.Key()] = true
+		if old, ok := d.workers[e.Key()]; ok {
+			if stale(old.seen) {
+				d.expired[e.Key()] = true
+			}
+			// Its instances went with it: a worker of the same id that
+			// starts again holds none of them.
+			for _, hints := range d.returned {
+				delete(hints, old.sum.ID)
+			}
 		}
 		delete(d.workers, e.Key())
 	} else {
@@ -159,10 +166,11 @@ func (d *Directory) Dead(id string) bool {
 
 // place picks the worker for a call of name@version (see choose), or ""
 // for any worker, and counts the call against that worker until done is
-// called with whether the call came back from it with its instance
-// healthy (a result; a handler error other than a crash or timeout would
-// do too, but is not worth telling apart).
-func (d *Directory) place(name string, version int) (worker string, done func(served bool)) {
+// called with the worker whose instance answered it healthy (a result; a
+// handler error other than a crash or timeout would do too, but is not
+// worth telling apart): the placed one, another where the call moved or
+// ran again, or "" when it failed.
+func (d *Directory) place(name string, version int) (worker string, done func(answeredBy string)) {
 	pool := poolKey(name, version)
 	now := time.Now()
 	d.mu.Lock()
@@ -192,23 +200,34 @@ func (d *Directory) place(name string, version int) (worker string, done func(se
 	}
 	worker = choose(cands)
 	if worker == "" {
-		return "", func(bool) {}
+		return "", func(by string) { d.answered(name, version, by) }
 	}
 	k := inflightKey{worker, pool}
 	d.inflight[k]++
-	return worker, func(served bool) {
+	return worker, func(by string) {
 		d.mu.Lock()
-		defer d.mu.Unlock()
 		if d.inflight[k]--; d.inflight[k] <= 0 {
 			delete(d.inflight, k)
 		}
-		if served {
-			if d.returned[pool] == nil {
-				d.returned[pool] = map[string]time.Time{}
-			}
-			d.returned[pool][worker] = time.Now()
-		}
+		d.mu.Unlock()
+		d.answered(name, version, by)
 	}
+}
+
+// answered notes that worker has just answered a call of name@version: it
+// holds an idle instance of it again (see idleHint). A call that moved
+// finished where it was resumed, so the hint follows it there.
+func (d *Directory) answered(name string, version int, worker string) {
+	if worker == "" {
+		return
+	}
+	pool := poolKey(name, version)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.returned[pool] == nil {
+		d.returned[pool] = map[string]time.Time{}
+	}
+	d.returned[pool][worker] = time.Now()
 }
 
 // List returns the live workers, by id.

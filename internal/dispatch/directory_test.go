@@ -152,12 +152,12 @@ func TestPlaceCountsCallsInFlight(t *testing.T) {
 	if first != "a" || second != "b" {
 		t.Errorf("two calls in flight placed on %q and %q, want a (hot) then b (template)", first, second)
 	}
-	done1(true)
-	done2(true)
+	done1(first)
+	done2(second)
 	if again, done := dir.place("fn", 1); again != "a" {
 		t.Errorf("after both answered the call was placed on %q, want a", again)
 	} else {
-		done(false)
+		done("")
 	}
 	if len(dir.inflight) != 0 {
 		t.Errorf("in-flight counts left behind: %v", dir.inflight)
@@ -443,13 +443,13 @@ func TestPlaceRemembersWhereCallsReturned(t *testing.T) {
 	if w, _ := dir.place("fn", 1); w != "" {
 		t.Errorf("with a's only instance busy a call was placed on %q", w)
 	}
-	done(true)
+	done("a")
 	for i := range 3 {
 		w, done := dir.place("fn", 1)
 		if w != "a" {
 			t.Errorf("call %d after the answer placed on %q, want a", i, w)
 		}
-		done(true)
+		done(w)
 	}
 	// A call that failed on the platform leaves no such hint.
 	dir.mu.Lock()
@@ -458,7 +458,7 @@ func TestPlaceRemembersWhereCallsReturned(t *testing.T) {
 	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
 	_, done = dir.place("fn", 1)
 	e.publish(t, dir, summary("a", 1))
-	done(false)
+	done("")
 	if w, _ := dir.place("fn", 1); w != "" {
 		t.Errorf("after a failed call the next was placed on %q, want any worker", w)
 	}
@@ -468,5 +468,84 @@ func TestPlaceRemembersWhereCallsReturned(t *testing.T) {
 	dir.mu.Unlock()
 	if w, _ := dir.place("fn", 1); w != "" {
 		t.Errorf("an expired hint placed a call on %q", w)
+	}
+}
+
+// The hint follows the worker that answered: a call that moved (or ran
+// again) finished elsewhere, and a call sent to any worker names the one
+// that took it.
+func TestPlaceFollowsTheWorkerThatAnswered(t *testing.T) {
+	e := newEnv(t)
+	dir := e.withDirectory(t)
+	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
+	e.publish(t, dir, summary("b", 0))
+	e.publish(t, dir, summary("c", 0))
+	tests := []struct {
+		name       string
+		answeredBy string
+		want       string
+	}{
+		{"moved from a to b", "b", "b"},
+		{"ran again on c", "c", "c"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir.mu.Lock()
+			clear(dir.returned)
+			dir.mu.Unlock()
+			// a's instance left with the call: its summary shows nothing.
+			worker, done := dir.place("fn", 1)
+			if worker != "a" {
+				t.Fatalf("placed on %q, want a", worker)
+			}
+			e.publish(t, dir, summary("a", 0))
+			done(tc.answeredBy)
+			w, done := dir.place("fn", 1)
+			if w != tc.want {
+				t.Errorf("next call placed on %q, want %s", w, tc.want)
+			}
+			done("")
+			e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
+		})
+	}
+	// Sent to any worker (nothing held anywhere): the answer names b.
+	dir.mu.Lock()
+	clear(dir.returned)
+	dir.mu.Unlock()
+	e.publish(t, dir, summary("a", 0))
+	worker, done := dir.place("fn", 1)
+	if worker != "" {
+		t.Fatalf("placed on %q with nothing held, want any worker", worker)
+	}
+	done("b")
+	if w, _ := dir.place("fn", 1); w != "b" {
+		t.Errorf("after b answered a call sent to any worker, the next was placed on %q, want b", w)
+	}
+}
+
+// A worker that leaves (an eviction, a shutdown) takes its instances with
+// it: calls are not placed on its hint when a worker of the same id
+// starts again.
+func TestPlaceForgetsHintsOfWorkersThatLeft(t *testing.T) {
+	e := newEnv(t)
+	dir := e.withDirectory(t)
+	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
+	worker, done := dir.place("fn", 1)
+	if worker != "a" {
+		t.Fatalf("placed on %q, want a", worker)
+	}
+	done("a")
+	if err := e.bus.Workers.Delete(testenv.Ctx(t), bus.WorkerKey("a")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "directory to drop a", func() bool {
+		dir.mu.Lock()
+		defer dir.mu.Unlock()
+		_, ok := dir.byID["a"]
+		return !ok
+	})
+	e.publish(t, dir, summary("a", 0)) // started again, empty
+	if w, _ := dir.place("fn", 1); w != "" {
+		t.Errorf("a call was placed on %q, which started again with nothing", w)
 	}
 }

@@ -215,36 +215,51 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	if d.local != nil && d.local.HasIdle(ver.Name, ver.Version) {
 		return d.local.Serve(ctx, req)
 	}
+	done := func(string) {}
 	if d.dir != nil {
-		if worker, done := d.dir.place(ver.Name, ver.Version); worker != "" {
+		var worker string
+		if worker, done = d.dir.place(ver.Name, ver.Version); worker != "" {
 			if d.local != nil && worker == d.local.ID() {
 				// Placed on this process's worker (its template, say):
 				// no round trip through NATS.
 				res, err := d.local.Serve(ctx, req)
-				done(err == nil && res.Err == nil)
+				done(answeredBy(worker, res, err))
 				return res, err
 			}
-			reply, err := d.request(ctx, bus.InvokeWorkerSubject(worker, req.Function), req)
+			reply, by, err := d.request(ctx, bus.InvokeWorkerSubject(worker, req.Function), req)
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				// The worker is gone since its last summary; nothing ran.
-				done(false)
+				done("")
 				d.log.Debug("placed worker is gone: any worker takes the call", "worker", worker, "fn", req.Function, "call", req.CallID)
+				done = func(by string) { d.dir.answered(ver.Name, ver.Version, by) }
 			case err != nil:
-				done(false)
+				done("")
 				return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function+" on worker "+worker, err)
 			default:
 				res, err := callmsg.ParseReply(reply)
-				done(err == nil && res.Err == nil)
+				done(answeredBy(by, res, err))
 				return res, err
 			}
 		}
 	}
-	reply, err := d.request(ctx, bus.SubjInvoke+req.Function, req)
+	reply, by, err := d.request(ctx, bus.SubjInvoke+req.Function, req)
 	if err != nil {
+		done("")
 		return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function, err)
 	}
-	return callmsg.ParseReply(reply)
+	res, err := callmsg.ParseReply(reply)
+	done(answeredBy(by, res, err))
+	return res, err
+}
+
+// answeredBy is the worker to hint for the next call of the version:
+// worker, when the call came back healthy from it.
+func answeredBy(worker string, res function.InvokeResult, err error) string {
+	if err != nil || res.Err != nil {
+		return ""
+	}
+	return worker
 }
 
 // maxCrashReruns bounds how often a sync call whose worker died is sent
@@ -261,31 +276,31 @@ const deathCheck = time.Second
 // go stale) or abandon the call (an eviction with no grace left), the call
 // is recorded as lost there and sent again, to run from the start (at
 // least once). A call that moved is in the durable queue and is never sent
-// again.
-func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (*nats.Msg, error) {
+// again. by is the worker that answered: the last to note it ran the call.
+func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (reply *nats.Msg, by string, err error) {
 	for attempt := 1; ; attempt++ {
 		req.Attempt = attempt
 		inbox := d.bus.NC.NewRespInbox()
 		sub, err := d.bus.NC.SubscribeSync(inbox)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		msg := callmsg.Request(subject, req)
 		msg.Reply = inbox
 		if err := d.bus.NC.PublishMsg(msg); err != nil {
 			_ = sub.Unsubscribe()
-			return nil, err
+			return nil, "", err
 		}
-		reply, lost, err := d.await(ctx, sub)
+		reply, lost, by, err := d.await(ctx, sub)
 		_ = sub.Unsubscribe()
 		if err != nil || lost.Worker == "" {
-			return reply, err
+			return reply, by, err
 		}
 		d.log.Warn("the worker running a call went away without a checkpoint; running it again from the start", "call", req.CallID,
 			"fn", req.Function, "worker", lost.Worker, "reason", lost.Reason, "attempt", attempt)
 		d.recordLost(ctx, req, lost)
 		if attempt > maxCrashReruns {
-			return nil, fmt.Errorf("call %s: %d workers died running it: %w", req.CallID, attempt, errdefs.ErrUnavailable)
+			return nil, "", fmt.Errorf("call %s: %d workers died running it: %w", req.CallID, attempt, errdefs.ErrUnavailable)
 		}
 		subject = bus.SubjInvoke + req.Function // any worker
 	}
@@ -293,9 +308,8 @@ func (d *Dispatcher) request(ctx context.Context, subject string, req function.I
 
 // await reads sub until the call's outcome arrives, or its worker dies or
 // abandons it: lost is then that attempt (outcome lost), and the call
-// runs again.
-func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *nats.Msg, lost function.Attempt, err error) {
-	var worker string // runs the call now; "" before the first note
+// runs again. worker is the last worker that noted it runs the call.
+func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *nats.Msg, lost function.Attempt, worker string, err error) {
 	var since time.Time
 	// Once the call has moved it is durable in the queue: a worker that
 	// resumes it and dies leaves it to the next, from the checkpoint, so
@@ -310,18 +324,18 @@ func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil, lost, ctx.Err()
+			return nil, lost, worker, ctx.Err()
 		case errors.Is(err, nats.ErrNoResponders):
-			return nil, lost, err
+			return nil, lost, worker, err
 		case err != nil:
 			if worker != "" && !moved && d.dir != nil && d.dir.Dead(worker) {
-				return nil, gone(function.ReasonCrash), nil
+				return nil, gone(function.ReasonCrash), worker, nil
 			}
 			continue
 		case m.Header.Get("Status") == "503":
-			return nil, lost, nats.ErrNoResponders
+			return nil, lost, worker, nats.ErrNoResponders
 		case !callmsg.IsNote(m):
-			return m, lost, nil
+			return m, lost, worker, nil
 		}
 		switch m.Header.Get(callmsg.HOutcome) {
 		case callmsg.OutcomeRunning:
@@ -329,7 +343,7 @@ func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *
 		case callmsg.OutcomeAbandoned:
 			if !moved {
 				worker = m.Header.Get(callmsg.HWorker)
-				return nil, gone(function.ReasonEviction), nil
+				return nil, gone(function.ReasonEviction), worker, nil
 			}
 		default: // moving
 			moved = true
