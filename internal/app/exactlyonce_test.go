@@ -2,11 +2,6 @@ package app_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -19,57 +14,6 @@ import (
 	"github.com/torpor-dev/torpor/internal/testenv"
 	"github.com/torpor-dev/torpor/internal/worker"
 )
-
-// ExactlyOnceCode is the exactly-once proof's function: it draws random
-// 64-bit numbers (non-deterministic work), hashes them, and at the steps
-// whose number is divisible by 4 (points chosen at random) increments an
-// external counter over HTTP. Its result lets the test recompute what an
-// uninterrupted run of the same draws gives: the hash and the increments.
-const exactlyOnceCode = `import hashlib, random, time, urllib.request
-def handler(event, context):
-    h = hashlib.sha256()
-    xs, incs = [], 0
-    for i in range(event["steps"]):
-        x = random.getrandbits(64)
-        xs.append(x)
-        h.update(x.to_bytes(8, "big"))
-        time.sleep(event["ms"] / 1000)
-        if x % 4 == 0:
-            req = urllib.request.Request(event["counter"] + "/inc?key=" + event["key"], method="POST")
-            urllib.request.urlopen(req, timeout=10).read()
-            incs += 1
-    return {"xs": xs, "sum": h.hexdigest(), "incs": incs}
-`
-
-type exactlyOnceResult struct {
-	Xs   []uint64 `json:"xs"`
-	Sum  string   `json:"sum"`
-	Incs int      `json:"incs"`
-}
-
-// check compares r and the counter's value for its key with what an
-// uninterrupted run of the same draws gives.
-func (r exactlyOnceResult) check(steps int, counted int64) error {
-	h := sha256.New()
-	want := 0
-	for _, x := range r.Xs {
-		h.Write(binary.BigEndian.AppendUint64(nil, x))
-		if x%4 == 0 {
-			want++
-		}
-	}
-	switch {
-	case len(r.Xs) != steps:
-		return fmt.Errorf("%d draws, want %d", len(r.Xs), steps)
-	case hex.EncodeToString(h.Sum(nil)) != r.Sum:
-		return fmt.Errorf("checksum %s does not match the draws", r.Sum)
-	case r.Incs != want:
-		return fmt.Errorf("the function counted %d increments, its draws call for %d", r.Incs, want)
-	case counted != int64(want):
-		return fmt.Errorf("the counter saw %d increments, the draws call for %d", counted, want)
-	}
-	return nil
-}
 
 func withHostNetwork(c *worker.Config, _ *sandbox.Config) { c.HostNetwork = true }
 
@@ -92,12 +36,9 @@ func TestExactlyOnceUnderRandomEvictions(t *testing.T) {
 	const grace, steps, stepMS = 10 * time.Second, 30, 10
 	opts := []nodeOption{withGrace(grace), withHostNetwork}
 	cur := newNode(t, c.bus, c.store, c.keys, "w0", opts...)
-	cur.deploySpec(t, function.Spec{Name: "once", TimeoutSec: 60}, exactlyOnceCode)
+	cur.deploySpec(t, function.Spec{Name: "once", TimeoutSec: 60}, counter.DrawsCode)
 	other := newNode(t, c.bus, c.store, c.keys, "w1", opts...)
-	event := func(key string) []byte {
-		b, _ := json.Marshal(map[string]any{"steps": steps, "ms": stepMS, "counter": ctr.URL(), "key": key})
-		return b
-	}
+	event := func(key string) []byte { return counter.DrawsEvent(ctr.URL(), key, steps, stepMS) }
 	// Uninterrupted runs: the reference the checks encode, and the call's
 	// duration, over which eviction instants are drawn.
 	var dur time.Duration
@@ -109,11 +50,7 @@ func TestExactlyOnceUnderRandomEvictions(t *testing.T) {
 		if err != nil || res.Err != nil {
 			t.Fatalf("uninterrupted call: %v %+v", err, res.Err)
 		}
-		var r exactlyOnceResult
-		if err := json.Unmarshal(res.Payload, &r); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.check(steps, ctr.Value(key)); err != nil {
+		if err := counter.CheckDraws(res.Payload, steps, ctr.Value(key)); err != nil {
 			t.Fatalf("uninterrupted call: %v", err)
 		}
 	}
@@ -144,11 +81,7 @@ func TestExactlyOnceUnderRandomEvictions(t *testing.T) {
 		if o.err != nil || o.res.Err != nil {
 			t.Fatalf("trial %d (evicted at %s): err %v, function error %+v", i, at, o.err, o.res.Err)
 		}
-		var r exactlyOnceResult
-		if err := json.Unmarshal(o.res.Payload, &r); err != nil {
-			t.Fatalf("trial %d: %v", i, err)
-		}
-		if err := r.check(steps, ctr.Value(key)); err != nil {
+		if err := counter.CheckDraws(o.res.Payload, steps, ctr.Value(key)); err != nil {
 			t.Fatalf("trial %d (evicted at %s of ~%s, moved %d): %v", i, at, dur, rep.Moved, err)
 		}
 		// The call ended on the other worker, whose instance is now hot:
