@@ -27,7 +27,7 @@ docs/benchmarks-templates.md).`,
 		Args: args(),
 	}
 	cmd.AddCommand(newBenchWarmCmd(g), newBenchSnapshotCmd(),
-		newBenchStartsCmd(g), newBenchDensityCmd(g), newBenchDiversityCmd(g), newBenchBurstsCmd(g))
+		newBenchStartsCmd(g), newBenchDensityCmd(g), newBenchDiversityCmd(g), newBenchBurstsCmd(g), newBenchEvictCmd())
 	return cmd
 }
 
