@@ -41,13 +41,15 @@ checks() {
 
 # dumps CRIU...: a process that holds a listening TCP socket can be dumped
 # (Debian 13's 4.1 fails this). The target is the real interpreter, not a
-# pyenv shim, and is dumped only once it listens. On failure it prints
-# CRIU's errors (less the harmless RLIMIT_NOFILE one) and the log's tail.
+# pyenv shim, and is dumped only once it listens. It leads a session of its
+# own: under a CI runner the script's session leader may be outside this
+# pid namespace, which CRIU refuses to dump. On failure it prints CRIU's
+# errors (less the harmless RLIMIT_NOFILE one) and the log's tail.
 dumps() {
 	local tmp pid py i ok=1
 	tmp=$(mktemp -d)
 	py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) || py=python3
-	"$py" -c 'import socket,sys,time
+	setsid "$py" -c 'import socket,sys,time
 s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen()
 open(sys.argv[1],"w").close(); time.sleep(60)' "$tmp/ready" </dev/null >/dev/null 2>&1 &
 	pid=$!

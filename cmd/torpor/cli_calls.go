@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -36,9 +37,9 @@ func newCallsCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tVERSION\tMODE\tSTATUS\tSTART\tCREATED\tDURATION\tERROR")
+			fmt.Fprintln(tw, "ID\tVERSION\tMODE\tSTATUS\tSTART\tHOPS\tCREATED\tDURATION\tERROR")
 			for _, c := range calls {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Version, c.Mode, c.Status, callStart(c),
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Version, c.Mode, c.Status, callStart(c), callHops(c),
 					c.CreatedAt.Local().Format(time.DateTime), callDuration(c), callError(c))
 			}
 			return tw.Flush()
@@ -79,6 +80,32 @@ func callStart(c function.Call) string {
 		return c.Attempts[n-1].Start
 	}
 	return "-"
+}
+
+// callHops is how many workers the call ran on, and why it left the
+// others: "2 (moved)" for a call checkpointed once and resumed, "2 (lost)"
+// for one run again after its worker went away (`torpor call ID` shows
+// each hop).
+func callHops(c function.Call) string {
+	moved, lost := 0, 0
+	for _, a := range c.Attempts {
+		switch a.Outcome {
+		case function.OutcomeCheckpointed:
+			moved++
+		case function.OutcomeLost:
+			lost++
+		}
+	}
+	n := max(len(c.Attempts), 1)
+	switch {
+	case moved > 0 && lost > 0:
+		return fmt.Sprintf("%d (%d moved, %d lost)", n, moved, lost)
+	case moved > 0:
+		return fmt.Sprintf("%d (moved)", n)
+	case lost > 0:
+		return fmt.Sprintf("%d (lost)", n)
+	}
+	return strconv.Itoa(n)
 }
 
 func callDuration(c function.Call) string {
