@@ -216,6 +216,9 @@ type fdReader struct {
 func (r *fdReader) Read(p []byte) (int, error) {
 	for len(r.buf) == 0 {
 		n, oobn, _, _, err := r.conn.ReadMsgUnix(r.tmp[:], r.oob[:])
+		// A failed read (the connection closed under it, as a cancelled
+		// dump does) may report -1.
+		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
 			msgs, perr := unix.ParseSocketControlMessage(r.oob[:oobn])
 			if perr == nil {
