@@ -168,12 +168,16 @@ type WorkerList struct {
 // WorkerSummary is what a worker publishes about itself every second (and
 // whenever what it holds changes); the gateway places calls with it.
 type WorkerSummary struct {
-	ID             string    `json:"id"`
-	UpdatedAt      string    `json:"updated_at"` // RFC 3339
-	MemoryBudgetMB int       `json:"memory_budget_mb"`
-	ReservedMB     int       `json:"reserved_mb"` // memory limits of live instances
-	Running        int       `json:"running"`     // calls in flight
-	Holdings       []Holding `json:"holdings,omitempty"`
+	ID             string `json:"id"`
+	UpdatedAt      string `json:"updated_at"` // RFC 3339
+	MemoryBudgetMB int    `json:"memory_budget_mb"`
+	ReservedMB     int    `json:"reserved_mb"` // memory limits of live instances
+	Running        int    `json:"running"`     // calls in flight
+	// Draining: the worker is being evicted or shut down. It takes no new
+	// calls and moves or finishes its running ones; its entry goes once
+	// they are over.
+	Draining bool      `json:"draining,omitempty"`
+	Holdings []Holding `json:"holdings,omitempty"`
 }
 
 // Holding is what one worker keeps of one function version: idle (hot)

@@ -48,7 +48,11 @@ instance or a template of the function when there is one.`,
 						templates++
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%d/%d MB\t%d\t%d\t%d\t%d\t%s\n", w.ID, w.ReservedMB, w.MemoryBudgetMB, w.Running,
+				id := w.ID
+				if w.Draining {
+					id += " (draining)"
+				}
+				fmt.Fprintf(tw, "%s\t%d/%d MB\t%d\t%d\t%d\t%d\t%s\n", id, w.ReservedMB, w.MemoryBudgetMB, w.Running,
 					len(fns), idle, templates, ago(w.UpdatedAt))
 			}
 			return tw.Flush()

@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg config.Config, roles Roles, log *slog.Logger) 
 			IdleTTL: cfg.IdleTTL, MaxIdle: cfg.MaxIdle, AsyncSlots: cfg.AsyncSlots, PidsLimit: cfg.PidsLimit, TmpMB: cfg.TmpMB,
 			HostNetwork: cfg.SandboxNetwork == "host", MemoryBudgetMB: cfg.MemoryBudgetMB,
 			NoTemplates: !cfg.Templates, TemplateTTL: cfg.TemplateTTL, ReclaimLowMB: cfg.ReclaimLowMB, ReclaimHighMB: cfg.ReclaimHighMB,
-			EvictionGrace: cfg.EvictionGrace},
+			EvictionGrace: cfg.EvictionGrace, ShortestGrace: shortestGrace(cfg, time.Now())},
 			b, reg, calls, sbm, worker.NewMetrics(promReg), log.With("part", "worker"))
 		if err != nil {
 			return err
@@ -231,6 +231,16 @@ func watchNotices(ctx context.Context, cfg config.Config, w *worker.Worker, log 
 		}
 	}()
 	return nil
+}
+
+// shortestGrace is the shortest grace an eviction of this worker may get:
+// --eviction-grace, or the grace of the shortest notice its cloud gives.
+func shortestGrace(cfg config.Config, now time.Time) time.Duration {
+	g := cfg.EvictionGrace
+	if warn := notice.MinWarning(cfg.EvictionNotice); warn > 0 {
+		g = min(g, noticeGrace(notice.Notice{Deadline: now.Add(warn)}, g, now))
+	}
+	return g
 }
 
 // noticeGrace is the grace period of an eviction announced by n: until its

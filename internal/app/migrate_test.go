@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -179,4 +180,80 @@ func TestSlicedCallRunsPastItsTimeout(t *testing.T) {
 		t.Fatalf("a call past its max duration: %+v, want Sandbox.Timedout", res.Err)
 	}
 	t.Logf("past the max duration: %s", res.Err.ErrorMessage)
+}
+
+// TestEvictionOfManyCalls: an eviction with more calls than checkpoints
+// run at once moves them all in time; with a grace too short for all, the
+// rest are given up and run again from the start on the other worker —
+// every caller gets its result, and the eviction ends on time.
+func TestEvictionOfManyCalls(t *testing.T) {
+	tests := []struct {
+		name      string
+		grace     time.Duration
+		wantMoved bool // every call moved; else some ran again
+	}{
+		{"grace enough for all", 20 * time.Second, true},
+		{"grace too short", 150 * time.Millisecond, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, nil)
+			a := newNode(t, c.bus, c.store, c.keys, "a", withGrace(20*time.Second))
+			a.deploySpec(t, function.Spec{Name: "steps", TimeoutSec: 120}, stepsCode)
+			const n = 9 // more than twice the checkpoints a worker takes at once
+			type outcome struct {
+				res function.InvokeResult
+				err error
+			}
+			done := make(chan outcome, n)
+			for range n {
+				go func() {
+					res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Payload: []byte(`{"steps": 300, "ms": 10}`)})
+					done <- outcome{res, err}
+				}()
+			}
+			testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d calls running on a", n), func() bool { return a.w.Summary().Running == n })
+			b := newNode(t, c.bus, c.store, c.keys, "b", withGrace(20*time.Second))
+			start := time.Now()
+			rep := a.w.Evict(context.Background(), tt.grace, "test")
+			took := time.Since(start)
+			t.Logf("eviction: %+v in %s", rep, took)
+			if took > tt.grace+15*time.Second {
+				t.Errorf("the eviction took %s with a grace of %s", took, tt.grace)
+			}
+			if tt.wantMoved && rep.Moved != n {
+				t.Errorf("moved %d of %d calls", rep.Moved, n)
+			}
+			lost := 0
+			for range n {
+				var o outcome
+				select {
+				case o = <-done:
+				case <-time.After(90 * time.Second):
+					t.Fatal("a call never returned")
+				}
+				if o.err != nil || o.res.Err != nil {
+					t.Fatalf("call: err %v, function error %+v", o.err, o.res.Err)
+				}
+				var r stepsResult
+				if err := json.Unmarshal(o.res.Payload, &r); err != nil || r.Steps != 300 {
+					t.Fatalf("result %s: %v", o.res.Payload, err)
+				}
+				var call function.Call
+				testenv.Eventually(t, 10*time.Second, "the record of "+o.res.CallID, func() bool {
+					var err error
+					call, err = b.d.Call(testenv.Ctx(t), o.res.CallID)
+					return err == nil && call.Status == function.StatusSucceeded
+				})
+				for _, at := range call.Attempts {
+					if at.Outcome == function.OutcomeLost && at.Worker == "a" && at.Reason == function.ReasonEviction {
+						lost++
+					}
+				}
+			}
+			if moved := rep.Moved; moved+lost != n {
+				t.Errorf("%d calls moved and %d records show an attempt lost to the eviction; want %d in all", moved, lost, n)
+			}
+		})
+	}
 }

@@ -45,6 +45,28 @@ const (
 	OutcomeAbandoned = "abandoned" // HWorker stopped the call unfinished and without a checkpoint (an eviction's grace ran out)
 )
 
+// Errors of a worker in the caller's own process (dispatch.Local) for a
+// call it did not finish and that runs again elsewhere; a worker over NATS
+// says the same with an abandoned note, or an error reply before it starts.
+var (
+	// ErrAbandoned: the worker gave the call up unfinished and without a
+	// checkpoint (AbandonReason says why).
+	ErrAbandoned = errors.New("abandoned by its worker before it ended, without a checkpoint")
+	// ErrClosing: the worker is closing and did not start the call.
+	ErrClosing = errors.New("the worker is closing")
+)
+
+// AbandonReason is why the call of err (ErrAbandoned) was given up, a
+// function.Reason*: what err's AbandonReason method says, else
+// function.ReasonEviction.
+func AbandonReason(err error) string {
+	var r interface{ AbandonReason() string }
+	if errors.As(err, &r) {
+		return r.AbandonReason()
+	}
+	return function.ReasonEviction
+}
+
 // Note encodes a progress note.
 func Note(outcome, worker string) *nats.Msg {
 	m := nats.NewMsg("")

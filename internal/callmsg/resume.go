@@ -44,8 +44,10 @@ type Resume struct {
 	From     string        // the worker it left
 }
 
-// MsgID is the JetStream de-duplication id of r: one message per hop.
-func (r Resume) MsgID() string { return "resume-" + r.Req.CallID + "-" + strconv.Itoa(r.Hop) }
+// MsgID is the JetStream de-duplication id of r: one message per
+// checkpoint. (A hop number would not do: a call restored twice from one
+// checkpoint, after a crash, reaches the same hop again with another.)
+func (r Resume) MsgID() string { return "resume-" + r.Req.CallID + "-" + r.Snapshot }
 
 // ResumeMsg encodes r for subject.
 func ResumeMsg(subject string, r Resume) *nats.Msg {

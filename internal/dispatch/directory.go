@@ -122,6 +122,9 @@ func (d *Directory) apply(e jetstream.KeyValueEntry, initial bool) {
 	clear(d.byID)
 	for _, w := range d.workers {
 		d.byID[w.sum.ID] = w
+		if w.sum.Draining {
+			continue // it takes no new calls
+		}
 		for _, h := range w.sum.Holdings {
 			if h.Idle > 0 || h.Template {
 				k := poolKey(h.Function, h.Version)
@@ -190,7 +193,7 @@ func (d *Directory) place(name string, version int) (worker string, done func(an
 	// nothing of the version.
 	for worker, t := range hints {
 		w, ok := d.byID[worker]
-		if now.Sub(t) < idleHint && ok && live(w.seen) &&
+		if now.Sub(t) < idleHint && ok && live(w.seen) && !w.sum.Draining &&
 			!slices.ContainsFunc(cands, func(c candidate) bool { return c.Worker == worker }) {
 			cands = append(cands, candidate{Worker: worker, Idle: 1, Running: w.sum.Running})
 		}

@@ -549,3 +549,29 @@ func TestPlaceForgetsHintsOfWorkersThatLeft(t *testing.T) {
 		t.Errorf("a call was placed on %q, which started again with nothing", w)
 	}
 }
+
+// A draining worker (evicted, its calls still moving) takes no new calls,
+// whatever it holds or last answered, but is not dead while its entry
+// stays fresh.
+func TestPlaceSkipsDrainingWorkers(t *testing.T) {
+	e := newEnv(t)
+	dir := e.withDirectory(t)
+	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
+	worker, done := dir.place("fn", 1)
+	if worker != "a" {
+		t.Fatalf("placed on %q, want a", worker)
+	}
+	done("a")
+	s := summary("a", 1, api.Holding{Function: "fn", Version: 1, Idle: 1})
+	s.Draining = true
+	e.publish(t, dir, s)
+	if w, _ := dir.place("fn", 1); w != "" {
+		t.Errorf("a call was placed on the draining worker %q", w)
+	}
+	if dir.Dead("a") {
+		t.Error("a draining worker with a fresh entry is dead")
+	}
+	if list, _ := dir.List(testenv.Ctx(t)); len(list) != 1 || !list[0].Draining {
+		t.Errorf("List() = %+v, want a, draining", list)
+	}
+}

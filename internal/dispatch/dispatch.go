@@ -7,6 +7,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,8 +35,24 @@ var _ gateway.Backend = (*Dispatcher)(nil)
 // function's own timeout before the dispatcher gives up on the worker.
 const StartBudget = 30 * time.Second
 
-// MoveBudget is added to a sync call's budget on top of StartBudget.
-const MoveBudget = time.Minute // a call that moves between workers waits for checkpoints and restores
+// MoveBudget is added to a sync call's budget on top of StartBudget: a
+// call that moves between workers waits for checkpoints and restores.
+// A sliced call gets SliceBudget more for each slice end.
+const (
+	MoveBudget  = time.Minute
+	SliceBudget = 10 * time.Second
+)
+
+// callBudget is how long a sync call of ver may take in all: its run time,
+// a start, moves on an eviction, and a move at each slice end.
+func callBudget(ver function.Version) time.Duration {
+	b := ver.MaxDuration() + StartBudget + MoveBudget
+	if ver.Sliced() && ver.Timeout() > 0 {
+		slices := (ver.MaxDuration() + ver.Timeout() - 1) / ver.Timeout()
+		b += time.Duration(slices) * SliceBudget
+	}
+	return b
+}
 
 // Local is a worker in the dispatcher's own process. A call that it can
 // serve hot skips the NATS round trip; every other call goes through NATS,
@@ -210,10 +227,14 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	if err != nil {
 		return function.InvokeResult{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, ver.MaxDuration()+StartBudget+MoveBudget)
+	ctx, cancel := context.WithTimeout(ctx, callBudget(ver))
 	defer cancel()
 	if d.local != nil && d.local.HasIdle(ver.Name, ver.Version) {
-		return d.local.Serve(ctx, req)
+		res, err := d.local.Serve(ctx, req)
+		if !d.leftLocal(ctx, &req, err) {
+			return res, err
+		}
+		return d.invokeAny(ctx, req, ver, func(string) {})
 	}
 	done := func(string) {}
 	if d.dir != nil {
@@ -223,8 +244,12 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 				// Placed on this process's worker (its template, say):
 				// no round trip through NATS.
 				res, err := d.local.Serve(ctx, req)
-				done(answeredBy(worker, res, err))
-				return res, err
+				if !d.leftLocal(ctx, &req, err) {
+					done(answeredBy(worker, res, err))
+					return res, err
+				}
+				done("")
+				return d.invokeAny(ctx, req, ver, func(by string) { d.dir.answered(ver.Name, ver.Version, by) })
 			}
 			reply, by, err := d.request(ctx, bus.InvokeWorkerSubject(worker, req.Function), req)
 			switch {
@@ -243,6 +268,12 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 			}
 		}
 	}
+	return d.invokeAny(ctx, req, ver, done)
+}
+
+// invokeAny sends the call to the queue group of all workers; done hears
+// which worker answered.
+func (d *Dispatcher) invokeAny(ctx context.Context, req function.InvokeRequest, ver function.Version, done func(string)) (function.InvokeResult, error) {
 	reply, by, err := d.request(ctx, bus.SubjInvoke+req.Function, req)
 	if err != nil {
 		done("")
@@ -251,6 +282,26 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 	res, err := callmsg.ParseReply(reply)
 	done(answeredBy(by, res, err))
 	return res, err
+}
+
+// leftLocal reports whether this process's worker gave the call back with
+// err: it is closing and did not start it, or it gave it up unfinished
+// and without a checkpoint (an eviction's grace ran out), which the
+// call's record then shows as a lost attempt. Either way the call goes to
+// another worker through NATS, as the next attempt.
+func (d *Dispatcher) leftLocal(ctx context.Context, req *function.InvokeRequest, err error) bool {
+	switch {
+	case errors.Is(err, callmsg.ErrClosing):
+		return true
+	case errors.Is(err, callmsg.ErrAbandoned):
+		d.log.Warn("this process's worker gave a call up without a checkpoint; running it again from the start", "call", req.CallID,
+			"fn", req.Function, "worker", d.local.ID())
+		d.recordLost(ctx, *req, function.Attempt{Worker: d.local.ID(), FinishedAt: time.Now().UTC(), Outcome: function.OutcomeLost,
+			Reason: callmsg.AbandonReason(err)})
+		req.Attempt = max(req.Attempt, 1)
+		return true
+	}
+	return false
 }
 
 // answeredBy is the worker to hint for the next call of the version:
@@ -278,7 +329,7 @@ const deathCheck = time.Second
 // least once). A call that moved is in the durable queue and is never sent
 // again. by is the worker that answered: the last to note it ran the call.
 func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (reply *nats.Msg, by string, err error) {
-	for attempt := 1; ; attempt++ {
+	for attempt := req.Attempt + 1; ; attempt++ { // req.Attempt: those before, lost
 		req.Attempt = attempt
 		inbox := d.bus.NC.NewRespInbox()
 		sub, err := d.bus.NC.SubscribeSync(inbox)
@@ -340,12 +391,15 @@ func (d *Dispatcher) await(ctx context.Context, sub *nats.Subscription) (reply *
 		switch m.Header.Get(callmsg.HOutcome) {
 		case callmsg.OutcomeRunning:
 			worker, since = m.Header.Get(callmsg.HWorker), time.Now().UTC()
+			if m.Header.Get(callmsg.HHop) != "" {
+				moved = true // resumed from a checkpoint, whether or not the moving note came first
+			}
 		case callmsg.OutcomeAbandoned:
 			if !moved {
 				worker = m.Header.Get(callmsg.HWorker)
-				return nil, gone(function.ReasonEviction), worker, nil
+				return nil, gone(cmp.Or(m.Header.Get(callmsg.HReason), function.ReasonEviction)), worker, nil
 			}
-		default: // moving
+		default: // moving: the call is in the durable queue
 			moved = true
 		}
 	}

@@ -193,11 +193,17 @@ func TestInvokeWithFakeWorker(t *testing.T) {
 	e.commit(t, "fails")
 	e.commit(t, "busy")
 	e.commit(t, "evicted")
+	e.commit(t, "ckfail")
 	seen := e.fakeWorker(t, func(req function.InvokeRequest) *nats.Msg {
 		switch {
 		case req.Function == "evicted" && req.Attempt <= 1: // 0 on the wire: the first
 			// Its worker was evicted with no grace left: nothing moved.
 			return callmsg.Note(callmsg.OutcomeAbandoned, "w-gone")
+		case req.Function == "ckfail" && req.Attempt <= 1:
+			// A failed checkpoint took its process.
+			m := callmsg.Note(callmsg.OutcomeAbandoned, "w-ck")
+			m.Header.Set(callmsg.HReason, function.ReasonCheckpointFailed)
+			return m
 		}
 		switch req.Function {
 		case "fails":
@@ -270,6 +276,19 @@ func TestInvokeWithFakeWorker(t *testing.T) {
 		}
 		if a := c.Attempts[0]; a.Worker != "w-gone" || a.Outcome != function.OutcomeLost || a.Reason != function.ReasonEviction {
 			t.Errorf("first attempt %+v; want lost on w-gone (eviction)", a)
+		}
+	})
+	t.Run("call lost in a failed checkpoint runs again", func(t *testing.T) {
+		res, err := e.d.Invoke(ctx, function.InvokeRequest{Function: "ckfail", Payload: []byte(`2`)})
+		if err != nil || string(res.Payload) != "2" {
+			t.Fatalf("Invoke = %+v, %v; want the second attempt's result", res, err)
+		}
+		c, err := e.d.Call(ctx, res.CallID)
+		if err != nil || len(c.Attempts) == 0 {
+			t.Fatalf("record %+v, %v", c, err)
+		}
+		if a := c.Attempts[0]; a.Worker != "w-ck" || a.Outcome != function.OutcomeLost || a.Reason != function.ReasonCheckpointFailed {
+			t.Errorf("first attempt %+v; want lost on w-ck (checkpoint-failed)", a)
 		}
 	})
 	t.Run("platform error keeps its class", func(t *testing.T) {
@@ -529,5 +548,28 @@ func TestInvokeAsyncEnqueueFailure(t *testing.T) {
 		t.Skipf("QUESTIONABLE: dispatch.go InvokeAsync writes the %q record before publishing and leaves it when "+
 			"the publish fails, so `torpor calls` shows a call that will never run; delete the record (or mark it "+
 			"failed) on a publish error", rec.Status)
+	}
+}
+
+// A sync call may wait for its run, a start and moves; a sliced call for
+// a move at every slice end too.
+func TestCallBudget(t *testing.T) {
+	tests := []struct {
+		name            string
+		timeout, maxDur float64
+		want            time.Duration
+	}{
+		{"plain", 3, 0, 3*time.Second + StartBudget + MoveBudget},
+		{"max duration equal to the timeout", 3, 3, 3*time.Second + StartBudget + MoveBudget},
+		{"10 slices", 6, 60, 60*time.Second + StartBudget + MoveBudget + 10*SliceBudget},
+		{"a last, shorter slice", 4, 10, 10*time.Second + StartBudget + MoveBudget + 3*SliceBudget},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ver := function.Version{Spec: function.Spec{TimeoutSec: tt.timeout, MaxDurationSec: tt.maxDur}}
+			if got := callBudget(ver); got != tt.want {
+				t.Errorf("callBudget = %s, want %s", got, tt.want)
+			}
+		})
 	}
 }

@@ -165,6 +165,9 @@ const (
 	ReasonEviction = "eviction" // its worker was being evicted
 	ReasonSlice    = "slice"    // the slice (the timeout) ended before the call's max duration
 	ReasonCrash    = "crash"    // its worker died without a checkpoint (outcome lost)
+	// ReasonCheckpointFailed: a checkpoint of the call failed and took its
+	// process with it (outcome lost); it runs again from the start.
+	ReasonCheckpointFailed = "checkpoint-failed"
 )
 
 // Start paths: how the instance that served a call was obtained.

@@ -61,6 +61,22 @@ func New(provider, baseURL string) (Source, error) {
 	return nil, errdefs.Invalid(fmt.Sprintf("eviction notice provider %q unknown: use aws, gcp, azure or none", provider))
 }
 
+// MinWarning is the shortest warning provider documents before it takes
+// a machine away: AWS spot two minutes, a GCP preemption and an Azure Spot
+// eviction 30 seconds; 0 for no provider. (AWS hibernation is announced
+// as it happens, but a hibernated machine comes back with its calls.)
+func MinWarning(provider string) time.Duration {
+	switch provider {
+	case "aws":
+		return 2 * time.Minute
+	case "gcp":
+		return gcpGrace
+	case "azure":
+		return 30 * time.Second
+	}
+	return 0
+}
+
 const (
 	// requestTimeout bounds each request to a metadata service, whatever the
 	// polling interval: the service is link-local and answers in

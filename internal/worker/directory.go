@@ -76,7 +76,8 @@ func (w *Worker) publishLoop(ctx context.Context) {
 
 // sameHoldings reports whether a and b tell a dispatcher the same thing.
 func sameHoldings(a, b api.WorkerSummary) bool {
-	return a.ID == b.ID && a.ReservedMB == b.ReservedMB && a.Running == b.Running && slices.Equal(a.Holdings, b.Holdings)
+	return a.ID == b.ID && a.ReservedMB == b.ReservedMB && a.Running == b.Running && a.Draining == b.Draining &&
+		slices.Equal(a.Holdings, b.Holdings)
 }
 
 func (w *Worker) putSummary(ctx context.Context, key string, s api.WorkerSummary) error {

@@ -151,10 +151,10 @@ func (s *callStats) plan(plans []evictPlan, grace time.Duration, now time.Time) 
 	return plans
 }
 
-// evictConcurrency bounds the checkpoints an eviction runs at once: CRIU
-// and compression are CPU bound, and a smaller call that is done early is
-// worth more than many done late.
-func evictConcurrency() int { return 4 }
+// maxConcurrentDumps bounds the checkpoints of running calls a worker
+// takes at once (dumpQueue): CRIU and compression are CPU bound, and a
+// smaller call that is done early is worth more than many done late.
+const maxConcurrentDumps = 4
 
 // Evict stops the worker taking calls, moves its running calls to other
 // workers within grace (see plan), and then closes the worker. Calls it
@@ -193,40 +193,32 @@ func (w *Worker) evict(ctx context.Context, grace time.Duration, why string) api
 		// runs again from the start elsewhere (the re-run policy).
 		plans = nil
 	}
-	sem := make(chan struct{}, evictConcurrency())
-	var wg sync.WaitGroup
-	for _, p := range plans {
+	// Every call to move is asked to leave now: each hands over as soon
+	// as it can (between two bytecodes, with no socket open) and waits,
+	// parked, for its turn to be dumped, smallest first (dumpQueue). A call
+	// let finish whose prediction fails is asked later, and ranks after.
+	for i, p := range plans {
 		rc := p.rc
 		if p.finish {
 			rep.LetFinish++
 			w.log.Info("eviction: letting a call finish", "fn", rc.ver.Name, "call", rc.id, "why", p.why)
 			if p.deadline > 0 {
 				// Should the prediction be wrong, move it while there is time.
+				rc.order.Store(int64(len(plans) + i))
 				t := time.AfterFunc(time.Until(start.Add(p.deadline)), func() { rc.leave(function.ReasonEviction) })
 				go func() { <-rc.done; t.Stop() }()
 			}
 			continue
 		}
 		rep.Moving++
-		select {
-		case sem <- struct{}{}:
-		case <-time.After(time.Until(deadline)):
-		}
+		rc.order.Store(int64(i))
 		rc.leave(function.ReasonEviction)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			select {
-			case <-rc.done:
-			case <-time.After(time.Until(deadline)):
-			}
-		}()
 	}
+	// Close waits for every call to finish or move, until the deadline;
+	// then it abandons the rest.
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	w.Close(dctx)
 	cancel()
-	wg.Wait()
 	rep.TookMS = time.Since(start).Milliseconds()
 	for _, p := range plans {
 		if p.rc.movedAs.Load() != nil {

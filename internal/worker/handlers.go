@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +36,7 @@ func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
 		case errors.Is(err, errAbandoned):
 			// The dispatcher runs it again elsewhere, as for a crash.
 			reply = callmsg.Note(callmsg.OutcomeAbandoned, w.cfg.ID)
+			reply.Header.Set(callmsg.HReason, callmsg.AbandonReason(err))
 		case err != nil:
 			reply = callmsg.ErrorReply(err)
 		}
@@ -91,13 +93,10 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 	var mv *moved
 	if errors.As(err, &mv) {
 		var sub *nats.Subscription
-		if replyTo != "" {
-			// Before the call is queued, so that this note precedes the
-			// resuming worker's.
-			_ = w.bus.NC.PublishMsg(noteTo(replyTo, callmsg.OutcomeMoving, w.cfg.ID))
-		} else {
+		if replyTo == "" {
 			replyTo = w.bus.NC.NewRespInbox()
 			if sub, err = w.bus.NC.SubscribeSync(replyTo); err != nil {
+				w.failMoved(req, mv, err)
 				reply(res, fmt.Errorf("call %s moved, but waiting for its outcome failed: %v: %w", req.CallID, err, errdefs.ErrUnavailable))
 				return nil
 			}
@@ -106,6 +105,7 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 			if sub != nil {
 				_ = sub.Unsubscribe()
 			}
+			w.failMoved(req, mv, err)
 			reply(res, err)
 			return nil
 		}
@@ -117,9 +117,11 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 		return nil
 	}
 	reply(res, nil)
-	w.wg.Add(1)
+	// Counted as part of the call (the call's own count is still held), so
+	// that Close writes the record before the worker goes away.
+	w.calls.Add(1)
 	go func() {
-		defer w.wg.Done()
+		defer w.calls.Done()
 		closeLog()
 		c := function.Call{ID: req.CallID, Function: req.Function, Version: res.Version, Mode: "sync", CreatedAt: created}
 		if req.Attempt > 1 {
@@ -310,7 +312,17 @@ func (w *Worker) asyncLoop(loopCtx, callCtx context.Context, cons jetstream.Cons
 	}
 }
 
-var errAlreadyDone = errors.New("call already finished")
+var (
+	errAlreadyDone = errors.New("call already finished")
+	errMovedAway   = errors.New("call moved on as a checkpoint")
+)
+
+// movedAway reports whether c went on as a checkpoint at some point: from
+// then on it lives in the resume queue, and a copy of the message that
+// first started it is stale.
+func movedAway(c function.Call) bool {
+	return slices.ContainsFunc(c.Attempts, func(a function.Attempt) bool { return a.Outcome == function.OutcomeCheckpointed })
+}
 
 // Async retry policy.
 const (
@@ -343,9 +355,12 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	started := time.Now().UTC()
 	failures := 0
 	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = w.store.Update(uctx, req.Function, req.CallID, func(c *function.Call) error {
-		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
+	rec, err := w.store.Update(uctx, req.Function, req.CallID, func(c *function.Call) error {
+		switch {
+		case c.Status == function.StatusSucceeded || c.Status == function.StatusFailed:
 			return errAlreadyDone
+		case movedAway(*c):
+			return errMovedAway
 		}
 		failures = openAttempt(c, function.Attempt{Worker: w.cfg.ID, StartedAt: started})
 		return nil
@@ -353,6 +368,19 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	cancel()
 	switch {
 	case errors.Is(err, errAlreadyDone):
+		_ = msg.Ack()
+		return
+	case errors.Is(err, errMovedAway):
+		// A stale copy: the call went on as a checkpoint, which the resume
+		// queue holds (or a worker runs). Should the worker that moved it
+		// have died before queueing it, queue it now (idempotent).
+		if rec.Status == function.StatusMoving {
+			if err := w.republishMoved(ctx, req, rec, ""); err != nil {
+				log.Warn("queue a moved call again", "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				return
+			}
+		}
 		_ = msg.Ack()
 		return
 	case errors.Is(err, errdefs.ErrNotFound):
@@ -363,17 +391,20 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 
-	// Keep JetStream from redelivering while the call runs.
+	// Keep JetStream from redelivering while the call runs, and until its
+	// outcome or its move is stored.
 	stopHB := w.heartbeat(ctx, msg)
+	defer stopHB()
 	res, closeLog, err := w.execute(ctx, req, asyncSlotWait)
 	closeLog()
-	stopHB()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
 	var mv *moved
 	if errors.As(err, &mv) {
 		if herr := w.handOff(ctx, req, mv, "async", "", started); herr != nil {
-			log.Error("moved call could not be queued; it will run again from the start", "err", herr)
+			// Its record names the checkpoint: this message, delivered
+			// again, queues it (movedAway, republishMoved).
+			log.Error("moved call could not be queued; will retry", "err", herr)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -384,7 +415,7 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 	}
 	if errors.Is(err, errAbandoned) {
 		// Not a failure of the call: it runs again at once, elsewhere.
-		w.lostAttempt(req, function.ReasonEviction)
+		w.lostAttempt(req, callmsg.AbandonReason(err))
 		_ = msg.Nak()
 		return
 	}

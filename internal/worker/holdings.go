@@ -14,6 +14,9 @@ import (
 func (w *Worker) Summary() api.WorkerSummary {
 	s := api.WorkerSummary{ID: w.cfg.ID, UpdatedAt: time.Now().UTC().Format(time.RFC3339Nano),
 		MemoryBudgetMB: w.cfg.MemoryBudgetMB}
+	w.closeMu.RLock()
+	s.Draining = w.closing
+	w.closeMu.RUnlock()
 	byKey := map[string]*api.Holding{}
 	get := func(name string, version int) *api.Holding {
 		k := poolKey(name, version)

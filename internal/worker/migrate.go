@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +57,7 @@ type runningCall struct {
 	reason  string                 // set by leave, before leaveC closes
 	asked   time.Time              // set by leave
 	armed   atomic.Bool            // the signal loop signals (false while a dump is in progress)
+	order   atomic.Int64           // its turn among the checkpoints waiting to run (dumpQueue); an eviction sets it
 	movedAs atomic.Pointer[string] // the snapshot it left as
 	done    chan struct{}          // closed when the call is over here (finished or moved)
 }
@@ -63,6 +66,19 @@ type runningCall struct {
 func (rc *runningCall) deferral() string {
 	return "its handler held an open socket, or ran in native code, until the end"
 }
+
+// leaving reports whether the call was asked to leave.
+func (rc *runningCall) leaving() bool {
+	select {
+	case <-rc.leaveC:
+		return true
+	default:
+		return false
+	}
+}
+
+// rank is the call's turn among checkpoints waiting to run.
+func (rc *runningCall) rank() int { return int(rc.order.Load()) }
 
 // leave asks a movable call to leave this worker as a checkpoint; it
 // reports whether the call can.
@@ -84,10 +100,13 @@ func (w *Worker) movable(in *instance) bool { return w.snap != nil && in.tmpl ==
 
 // wantsMovable reports whether instances of ver should start on their own,
 // so that their calls can move: calls of a sliced function must, and so
-// should calls that may outlive an eviction's grace period. Others are
-// let finish within the grace and keep the fast fork path.
+// should calls that may outlive the shortest grace an eviction may give.
+// Others are let finish within the grace and keep the fast fork path.
+// With no grace at all nothing moves on an eviction: only sliced calls
+// need to.
 func (w *Worker) wantsMovable(ver function.Version) bool {
-	return w.snap != nil && (ver.Sliced() || ver.Timeout() > w.cfg.EvictionGrace)
+	grace := w.cfg.ShortestGrace
+	return w.snap != nil && (ver.Sliced() || grace > 0 && ver.Timeout() > grace)
 }
 
 // startRunning registers a call running on in and, for a movable call,
@@ -96,6 +115,7 @@ func (w *Worker) startRunning(id string, in *instance, start string, ver functio
 	rc := &runningCall{id: id, in: in, start: start, ver: ver, started: started, ends: ends, elapsed: elapsed, movable: w.movable(in),
 		leaveC: make(chan struct{}), done: make(chan struct{})}
 	rc.armed.Store(true)
+	rc.order.Store(math.MaxInt32) // after an eviction's calls
 	w.running.Store(id, rc)
 	if rc.movable {
 		go w.signalLoop(rc)
@@ -184,7 +204,11 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // handOff records that the call left this worker and publishes it to the
 // durable queue, where another worker (or this one, for a slice) takes it.
-// For a sync call replyTo is where its caller waits for the outcome.
+// For a sync call replyTo is where its caller waits for the outcome; it is
+// told the call is moving once the call is in the queue (from then on the
+// dispatcher never sends it again). Publishing is idempotent (one message
+// per checkpoint), so a worker that finds the call's record moving can
+// publish it again (republishMoved).
 func (w *Worker) handOff(ctx context.Context, req function.InvokeRequest, mv *moved, mode, replyTo string, created time.Time) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -204,27 +228,76 @@ func (w *Worker) handOff(ctx context.Context, req function.InvokeRequest, mv *mo
 	}
 	r := callmsg.Resume{Req: req, Snapshot: mv.snapshot, Mode: mode, ReplyTo: replyTo, Created: created,
 		Elapsed: mv.elapsed, Hop: mv.hop, Reason: mv.attempt.Reason, From: w.cfg.ID}
+	if err := w.publishResume(ctx, r); err != nil {
+		return err
+	}
+	if mode == "sync" {
+		_ = w.bus.NC.PublishMsg(noteTo(replyTo, callmsg.OutcomeMoving, w.cfg.ID))
+	}
+	w.metrics.moves.WithLabelValues(r.Reason).Inc()
+	w.log.Info("call moved", "fn", req.Function, "call", req.CallID, "snapshot", mv.snapshot, "reason", r.Reason,
+		"hop", r.Hop, "checkpoint_ms", mv.attempt.CheckpointMS, "image_bytes", mv.attempt.ImageBytes)
+	return nil
+}
+
+// publishResume puts r in the durable queue, retrying until ctx ends.
+func (w *Worker) publishResume(ctx context.Context, r callmsg.Resume) error {
 	for try := 0; ; try++ {
-		_, err = w.bus.JS.PublishMsg(ctx, callmsg.ResumeMsg(bus.SubjResume+req.Function, r), jetstream.WithMsgID(r.MsgID()))
+		_, err := w.bus.JS.PublishMsg(ctx, callmsg.ResumeMsg(bus.SubjResume+r.Req.Function, r), jetstream.WithMsgID(r.MsgID()))
 		if err == nil {
-			w.metrics.moves.WithLabelValues(r.Reason).Inc()
-			w.log.Info("call moved", "fn", req.Function, "call", req.CallID, "snapshot", mv.snapshot, "reason", r.Reason,
-				"hop", r.Hop, "checkpoint_ms", mv.attempt.CheckpointMS, "image_bytes", mv.attempt.ImageBytes)
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("call %s is checkpointed as %s but could not be queued to resume: %v: %w",
-				req.CallID, mv.snapshot, err, errdefs.ErrUnavailable)
+				r.Req.CallID, r.Snapshot, err, errdefs.ErrUnavailable)
 		}
 		time.Sleep(time.Duration(min(try+1, 10)) * 100 * time.Millisecond)
 	}
 }
 
-// addAttempt completes the attempt this worker opened (async calls open
-// one when they start), or appends a.
+// failMoved records that a call checkpointed here could not be handed on:
+// its caller gets err (an async call runs again from the start).
+func (w *Worker) failMoved(req function.InvokeRequest, mv *moved, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, uerr := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		if c.Status == function.StatusMoving {
+			c.Status, c.FinishedAt = function.StatusFailed, time.Now().UTC()
+			c.Error = &function.Error{ErrorType: "ServiceException", ErrorMessage: err.Error()}
+		}
+		return nil
+	})
+	if uerr != nil && !errors.Is(uerr, errdefs.ErrNotFound) {
+		w.log.Warn("record a move that failed", "call", req.CallID, "snapshot", mv.snapshot, "err", uerr)
+	}
+}
+
+// republishMoved hands on again a call whose record says it is moving
+// (its last checkpoint not yet resumed) when a message it came from is
+// delivered again: the worker that moved it may have died before
+// acknowledging that message, or before the resume message was queued.
+// replyTo is a sync caller's subject, from that message. Republishing is
+// idempotent (Resume.MsgID).
+func (w *Worker) republishMoved(ctx context.Context, req function.InvokeRequest, c function.Call, replyTo string) error {
+	r := callmsg.Resume{Req: req, Mode: c.Mode, ReplyTo: replyTo, Created: c.CreatedAt}
+	for _, a := range c.Attempts {
+		if a.Outcome == function.OutcomeCheckpointed {
+			r.Hop++
+			r.Elapsed += time.Duration(a.RunMS * float64(time.Millisecond))
+			r.Snapshot, r.Reason, r.From = a.Snapshot, a.Reason, a.Worker
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return w.publishResume(ctx, r)
+}
+
+// addAttempt completes the attempt this worker opened (async calls and
+// resumed ones open one when they start), or appends a.
 func addAttempt(c *function.Call, worker string, a function.Attempt) {
 	if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == worker && c.Attempts[n-1].FinishedAt.IsZero() {
 		a.StartedAt = c.Attempts[n-1].StartedAt
+		a.RestoreMS = c.Attempts[n-1].RestoreMS // a resumed call's restore
 		c.Attempts[n-1] = a
 		return
 	}
@@ -265,12 +338,16 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 	}
 	log := w.log.With("fn", r.Req.Function, "call", r.Req.CallID, "snapshot", r.Snapshot, "hop", r.Hop)
 	started := time.Now().UTC()
+	failures := 0
 	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = w.store.Update(uctx, r.Req.Function, r.Req.CallID, func(c *function.Call) error {
-		if c.Status == function.StatusSucceeded || c.Status == function.StatusFailed {
+	rec, err := w.store.Update(uctx, r.Req.Function, r.Req.CallID, func(c *function.Call) error {
+		switch {
+		case c.Status == function.StatusSucceeded || c.Status == function.StatusFailed:
 			return errAlreadyDone
+		case superseded(*c, r.Snapshot):
+			return errMovedAway
 		}
-		openAttempt(c, function.Attempt{Worker: w.cfg.ID, Start: function.StartResume, StartedAt: started, Snapshot: r.Snapshot})
+		failures = openAttempt(c, function.Attempt{Worker: w.cfg.ID, Start: function.StartResume, StartedAt: started, Snapshot: r.Snapshot})
 		return nil
 	})
 	cancel()
@@ -278,20 +355,37 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 	case errors.Is(err, errAlreadyDone):
 		_ = msg.Ack()
 		return
+	case errors.Is(err, errMovedAway):
+		// A stale copy: this checkpoint was resumed and the call moved on
+		// as a newer one. Should that one not be queued yet, queue it.
+		if rec.Status == function.StatusMoving {
+			if err := w.republishMoved(ctx, r.Req, rec, r.ReplyTo); err != nil {
+				log.Warn("queue a moved call again", "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				return
+			}
+		}
+		log.Info("dropping a stale resume message: the call moved on from this checkpoint")
+		_ = msg.Ack()
+		return
 	case err != nil:
 		log.Warn("mark resumed call running", "err", err)
 	}
 	stopHB := w.heartbeat(ctx, msg)
+	defer stopHB()
 	if r.Mode == "sync" {
-		_ = w.bus.NC.PublishMsg(noteTo(r.ReplyTo, callmsg.OutcomeRunning, w.cfg.ID))
+		note := noteTo(r.ReplyTo, callmsg.OutcomeRunning, w.cfg.ID)
+		note.Header.Set(callmsg.HHop, strconv.Itoa(r.Hop)) // the dispatcher knows the call moved, whatever came first
+		_ = w.bus.NC.PublishMsg(note)
 	}
 	res, closeLog, err := w.resume(ctx, r)
 	closeLog()
-	stopHB()
 	var mv *moved
 	if errors.As(err, &mv) {
 		if herr := w.handOff(ctx, r.Req, mv, r.Mode, r.ReplyTo, r.Created); herr != nil {
-			log.Error("moved call could not be queued again; it will be restored from its previous snapshot", "err", herr)
+			// Its record names the new checkpoint: this message, delivered
+			// again, queues that one (superseded, republishMoved).
+			log.Error("moved call could not be queued again; will retry", "err", herr)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -301,8 +395,18 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 	if errors.Is(err, errAbandoned) {
 		// This worker is going away: the next one restores the same
 		// checkpoint (the caller, if any, waits on).
-		w.lostAttempt(r.Req, function.ReasonEviction)
+		w.lostAttempt(r.Req, callmsg.AbandonReason(err))
 		_ = msg.Nak()
+		return
+	}
+	if throttled := errors.Is(err, errdefs.ErrThrottled); throttled || err != nil && retryResume(err) && failures+1 < maxAsyncFailures {
+		// The checkpoint is intact: try again, here or elsewhere. Waiting
+		// for memory is not a failure.
+		if !throttled {
+			log.Warn("resume failed; will retry", "err", err, "failures", failures+1)
+		}
+		w.retryAttempt(r.Req, err)
+		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	if err != nil {
@@ -310,20 +414,73 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 	}
 	w.finishRecord(ctx, function.Call{ID: r.Req.CallID, Function: r.Req.Function, Version: r.Req.Version, Mode: r.Mode,
 		CreatedAt: r.Created}, res, started)
+	w.answerResumed(ctx, r, res, err)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
-	if r.Mode == "sync" {
-		reply := callmsg.Reply(res)
-		if err != nil {
-			reply = callmsg.ErrorReply(err)
-		}
-		reply.Subject = r.ReplyTo
-		if perr := w.bus.NC.PublishMsg(reply); perr != nil {
-			log.Warn("reply to the caller of a moved call", "err", perr)
-		}
-	}
 	if err := msg.DoubleAck(sctx); err != nil {
 		log.Warn("ack resumed call", "err", err)
+	}
+}
+
+// answerResumed sends a resumed sync call's outcome to its caller.
+func (w *Worker) answerResumed(ctx context.Context, r callmsg.Resume, res function.InvokeResult, err error) {
+	if r.Mode != "sync" {
+		return
+	}
+	reply := callmsg.Reply(res)
+	if err != nil {
+		reply = callmsg.ErrorReply(err)
+	}
+	reply.Subject = r.ReplyTo
+	if perr := w.bus.NC.PublishMsg(reply); perr != nil {
+		w.log.Warn("reply to the caller of a moved call", "call", r.Req.CallID, "err", perr)
+	}
+}
+
+// retryResume reports whether a resume that failed with err may succeed
+// another time: anything but a checkpoint that is gone, refused (it fails
+// verification), or not the call's, or a function version that is gone.
+func retryResume(err error) bool {
+	return !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrConflict)
+}
+
+// superseded reports whether snapshot, a checkpoint of c, is not its
+// last: a later attempt checkpointed the call again. A resume message of
+// it delivered again is stale.
+func superseded(c function.Call, snapshot string) bool {
+	at := -1
+	for i, a := range c.Attempts {
+		if a.Outcome != function.OutcomeCheckpointed {
+			continue
+		}
+		if a.Snapshot == snapshot {
+			at = i
+		} else if at >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// retryAttempt closes the attempt this worker opened on req's call as a
+// platform failure to retry (openAttempt counts them), or drops it when
+// the worker only lacked room (err is ErrThrottled).
+func (w *Worker) retryAttempt(req function.InvokeRequest, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, uerr := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+		if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == w.cfg.ID && c.Attempts[n-1].FinishedAt.IsZero() {
+			if errors.Is(err, errdefs.ErrThrottled) {
+				c.Attempts = c.Attempts[:n-1]
+			} else {
+				c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome = time.Now().UTC(), "retry: "+err.Error()
+			}
+		}
+		c.Status = function.StatusMoving
+		return nil
+	})
+	if uerr != nil {
+		w.log.Warn("record a failed resume", "call", req.CallID, "err", uerr)
 	}
 }
 
@@ -359,8 +516,8 @@ func (w *Worker) resume(ctx context.Context, r callmsg.Resume) (function.InvokeR
 	if err != nil {
 		return res, noop, err
 	}
-	if err := w.reserve(ctx, ver.MemoryMB, 0); err != nil {
-		return res, noop, err
+	if err := w.reserve(ctx, ver.MemoryMB, asyncSlotWait); err != nil {
+		return res, noop, err // throttled: another worker, or this one later
 	}
 	t0 := time.Now()
 	in, resumed, err := w.restoreInstance(ctx, ver, r.Snapshot)

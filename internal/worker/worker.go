@@ -67,15 +67,19 @@ type Config struct {
 	// of the machine's memory (at least 256 and 512 MB).
 	ReclaimLowMB, ReclaimHighMB int
 	// EvictionGrace is how long an eviction (SIGTERM, an evict request
-	// without a grace of its own) has to move running calls away. Calls
-	// of functions whose timeout is longer run on instances that can be
-	// checkpointed on their own (wantsMovable). Default 30 s.
+	// without a grace of its own) has to move running calls away; 0: none,
+	// every running call is abandoned and runs again elsewhere.
 	EvictionGrace time.Duration
+	// ShortestGrace is the shortest grace an eviction of this worker may
+	// get: EvictionGrace, or less when a cloud notice gives less. Calls of
+	// functions whose timeout is longer run on instances that can be
+	// checkpointed on their own (wantsMovable); 0: EvictionGrace.
+	ShortestGrace time.Duration
 }
 
 func (c *Config) defaults() {
-	if c.EvictionGrace == 0 {
-		c.EvictionGrace = 30 * time.Second
+	if c.ShortestGrace <= 0 || c.ShortestGrace > c.EvictionGrace {
+		c.ShortestGrace = c.EvictionGrace
 	}
 	if c.IdleTTL == 0 {
 		c.IdleTTL = 10 * time.Minute
@@ -172,15 +176,18 @@ type Worker struct {
 	// Close runs out of time; the background loops run under loopCtx,
 	// cancelled as soon as Close starts. closeMu orders calls.Add against
 	// Close's calls.Wait.
-	closeMu    sync.RWMutex
-	closeOnce  sync.Once
-	closing    bool
-	calls      sync.WaitGroup // in-flight calls
-	wg         sync.WaitGroup // background goroutines
-	stopLoops  context.CancelFunc
-	stopTmpl   context.CancelFunc // stops the templates, last
-	abandon    context.CancelFunc
-	stopRecord chan struct{}
+	closeMu     sync.RWMutex
+	closeOnce   sync.Once
+	closing     bool
+	calls       sync.WaitGroup // in-flight calls
+	wg          sync.WaitGroup // background goroutines
+	stopLoops   context.CancelFunc
+	stopPublish context.CancelFunc // leaves the worker directory, once the calls are over
+	stopTmpl    context.CancelFunc // stops the templates, last
+	abandon     context.CancelFunc
+	stopRecord  chan struct{}
+
+	dumps *dumpQueue // checkpoints of running calls, a few at a time
 }
 
 // New prepares a worker; Start connects it to the bus.
@@ -192,7 +199,8 @@ func New(ctx context.Context, cfg Config, b *bus.Bus, reg *registry.Registry, ca
 	w := &Worker{cfg: cfg, log: log.With("worker", cfg.ID), bus: b, reg: reg, store: calls, sandboxes: sb, metrics: m,
 		idle: map[string][]*instance{}, slots: map[string]*fnSlots{}, records: make(chan function.Call, 4096),
 		capChanged: make(chan struct{}), changed: make(chan struct{}), recordsDone: make(chan struct{}), stopRecord: make(chan struct{}),
-		extractZip: codezip.Extract, stats: newCallStats(), evicted: make(chan struct{})}
+		extractZip: codezip.Extract, stats: newCallStats(), evicted: make(chan struct{}),
+		dumps: newDumpQueue(maxConcurrentDumps)}
 	w.tmpl = newTemplates(w)
 	w.agentDir = filepath.Join(cfg.Home, "runtimes", "python")
 	if err := os.MkdirAll(w.agentDir, 0o755); err != nil {
@@ -278,11 +286,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: async consumer: %w", err)
 	}
+	// The directory entry outlives intake: a draining worker's entry says
+	// so, and stays fresh while its calls run, so that a dispatcher sees
+	// the worker die should it be killed before they are over.
+	pubCtx, stopPublish := context.WithCancel(context.WithoutCancel(ctx))
+	w.stopPublish = stopPublish
 	w.wg.Add(4)
 	go func() { defer w.wg.Done(); w.asyncLoop(loopCtx, callCtx, cons) }()
 	go func() { defer w.wg.Done(); w.reaper(loopCtx) }()
 	go func() { defer w.wg.Done(); w.reclaimer(loopCtx) }()
-	go func() { defer w.wg.Done(); w.publishLoop(loopCtx) }()
+	go func() { defer w.wg.Done(); w.publishLoop(pubCtx) }()
 	// The templates outlive the loops: running calls' instances are
 	// their children. Close stops them last.
 	tmplCtx, stopTmpl := context.WithCancel(context.WithoutCancel(ctx))
@@ -299,13 +312,29 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// errAbandoned is the error of a call the worker stopped unfinished as it
-// closed (an eviction's grace ran out, or it had none): the call did not
-// move and runs again from the start elsewhere.
-var errAbandoned = fmt.Errorf("abandoned by its worker before it ended, without a checkpoint: %w", errdefs.ErrUnavailable)
+// errAbandoned matches the error of a call the worker stopped unfinished
+// and without a checkpoint (abandonError): it did not move, and runs again
+// from the start elsewhere.
+var errAbandoned = fmt.Errorf("%w: %w", callmsg.ErrAbandoned, errdefs.ErrUnavailable)
+
+// abandonError is a call given up by its worker, and why: the eviction's
+// grace ran out (function.ReasonEviction), or a failed checkpoint took its
+// process (ReasonCheckpointFailed).
+type abandonError struct {
+	reason string
+	err    error
+}
+
+func abandoned(reason string, err error) error { return &abandonError{reason: reason, err: err} }
+
+func (e *abandonError) Error() string {
+	return fmt.Sprintf("%v (%s): %v", errAbandoned, e.reason, e.err)
+}
+func (e *abandonError) Unwrap() []error       { return []error{errAbandoned, e.err} }
+func (e *abandonError) AbandonReason() string { return e.reason }
 
 func errShuttingDown(id string) error {
-	return fmt.Errorf("worker %s is shutting down: %w", id, errdefs.ErrUnavailable)
+	return fmt.Errorf("worker %s is shutting down: %w: %w", id, callmsg.ErrClosing, errdefs.ErrUnavailable)
 }
 
 // track runs f as an in-flight call, unless the worker is closing.
@@ -327,8 +356,8 @@ func (w *Worker) Close(ctx context.Context) {
 }
 
 // stopIntake makes the worker take no new calls: it leaves the queue
-// groups and the worker directory and stops fetching async calls. Calls
-// already running carry on.
+// groups, marks its directory entry draining and stops fetching async
+// calls. Calls already running carry on.
 func (w *Worker) stopIntake() {
 	w.closeMu.Lock()
 	already := w.closing
@@ -343,6 +372,7 @@ func (w *Worker) stopIntake() {
 	if w.stopLoops != nil {
 		w.stopLoops()
 	}
+	w.notifyChanged() // publish the draining entry now
 }
 
 func (w *Worker) close(ctx context.Context) {
@@ -357,10 +387,19 @@ func (w *Worker) close(ctx context.Context) {
 	if w.abandon != nil {
 		w.abandon()
 	}
+	// The records of finished calls are queued by now. Writing them takes
+	// milliseconds and is worth it even when the grace is over: a call
+	// that finished must not lose its record with its worker.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeFlush)
+	defer cancel()
 	close(w.stopRecord)
 	select {
 	case <-w.recordsDone:
-	case <-ctx.Done():
+	case <-fctx.Done():
+		w.log.Warn("call records not all written before the worker closed", "err", fctx.Err())
+	}
+	if w.stopPublish != nil {
+		w.stopPublish()
 	}
 	w.mu.Lock()
 	var all []*instance
@@ -375,8 +414,12 @@ func (w *Worker) close(ctx context.Context) {
 	if w.stopTmpl != nil {
 		w.stopTmpl()
 	}
-	waitCtx(ctx, &w.wg)
+	waitCtx(fctx, &w.wg)
 }
+
+// closeFlush bounds what Close does after the calls are over: writing
+// their records, leaving the directory, stopping the instances.
+const closeFlush = 10 * time.Second
 
 // waitCtx waits for wg, or until ctx ends; it reports whether wg finished.
 func waitCtx(ctx context.Context, wg *sync.WaitGroup) bool {
@@ -700,9 +743,28 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 		if !errors.As(err, &ck) {
 			break
 		}
+		// The agent handed the call over and waits, parked, to be dumped
+		// or let go.
 		rc.armed.Store(false)
+		h.resumed = true
+		if !rc.leaving() {
+			// Nobody asked: a signal of the last call's that landed late,
+			// or the handler's own. The call runs on.
+			if _, err = w.reconnect(ctx, in, false); err != nil {
+				err = abandoned(function.ReasonCrash, fmt.Errorf("call %s: resume after a hand-over nobody asked for: %w", req.CallID, err))
+				break
+			}
+			rc.armed.Store(true)
+			continue
+		}
+		release, qerr := w.dumps.acquire(ctx, rc.rank())
+		if qerr != nil { // the worker gave up on its calls: the grace is over
+			err = qerr
+			break
+		}
 		dumps++
 		mv, cerr := w.checkpointCall(ctx, rc, ck, h.n+1, time.Since(t1))
+		release()
 		if cerr == nil {
 			icancel()
 			rc.movedAs.Store(&mv.snapshot)
@@ -713,12 +775,17 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 			w.publishLogs(logs)
 			return res, noop, mv
 		}
-		w.log.Warn("checkpoint of a running call failed; it runs on here", "fn", ver.Name, "call", req.CallID, "attempt", dumps, "err", cerr)
-		if _, err = w.reconnect(ctx, in, false); err != nil {
-			err = fmt.Errorf("call %s lost in a failed checkpoint (%v): %w", req.CallID, cerr, err)
+		if ctx.Err() != nil { // the grace ran out during the dump
+			err = ctx.Err()
 			break
 		}
-		h.resumed = true
+		w.log.Warn("checkpoint of a running call failed; it runs on here", "fn", ver.Name, "call", req.CallID, "attempt", dumps, "err", cerr)
+		if _, err = w.reconnect(ctx, in, false); err != nil {
+			// The failed dump took the process with it: the call runs
+			// again from the start elsewhere (at least once).
+			err = abandoned(function.ReasonCheckpointFailed, fmt.Errorf("call %s lost in a failed checkpoint (%v): %w", req.CallID, cerr, err))
+			break
+		}
 		rc.armed.Store(dumps < maxDumpAttempts)
 	}
 	w.stopRunning(rc)
@@ -736,7 +803,10 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 		w.release(in)
 	case ctx.Err() != nil:
 		w.retire(in)
-		return res, noop, fmt.Errorf("call %s (%v): %w", req.CallID, ctx.Err(), errAbandoned)
+		return res, noop, abandoned(function.ReasonEviction, fmt.Errorf("call %s: %w", req.CallID, ctx.Err()))
+	case errors.Is(err, errAbandoned):
+		w.retire(in)
+		return res, noop, err
 	case errors.Is(err, context.DeadlineExceeded) || time.Now().After(t1.Add(slice)):
 		w.retire(in)
 		msg := fmt.Sprintf("Task timed out after %.2f seconds", ver.TimeoutSec)

@@ -762,6 +762,10 @@ def _on_checkpoint_signal(signum, frame):
         _send({"type": "checkpoint-deferred", "id": cid, "reason": why})
         return
     try:
+        # What the handler printed so far goes to this worker, with this
+        # hop's log: after the restore the new worker would get it before
+        # it hears the process is back, and could not place it.
+        _drain()
         _hand_over(lsk, path, {"type": "checkpoint-ready", "id": cid, "in_call": cid, "rss_after": _statm_rss()})
         try:
             h, _ = _read_frame()
