@@ -27,7 +27,7 @@ two torpor workers, each with a home of its own, sharing a snapshot store
 root and CRIU (scripts/install-criu.sh), and MinIO for --store minio
 (scripts/install-minio.sh). Parts (--parts, in this order):
 
-  concurrency   R-Check §5.7: N sync calls (--n) touching --mb MB run on one
+  concurrency   R-Check §5.7: N sync calls (--n) holding --mb MB of random bytes run on one
                 worker, which gets SIGTERM; a fresh worker takes them over.
                 Per-call checkpoint and restore time from the call records,
                 against the latency of an uninterrupted call.
@@ -70,7 +70,7 @@ mismatched.`,
 	f.StringVar(&opts.MinIO, "minio", "", "MinIO server binary (default /var/cache/torpor/bin/minio, else minio on PATH)")
 	f.StringVar(&opts.Binary, "binary", "", "torpor binary the clusters run (default this one; torpor-init must be beside it)")
 	f.IntSliceVar(&opts.N, "n", bench.DefaultEvictN, "concurrency: calls moved at once")
-	f.IntVar(&opts.MB, "mb", bench.DefaultEvictMB, "concurrency: MB each call touches")
+	f.IntVar(&opts.MB, "mb", bench.DefaultEvictMB, "concurrency: MB of random bytes each call holds")
 	f.Float64Var(&opts.CallSeconds, "call-seconds", bench.DefaultEvictCallSeconds, "concurrency: seconds each call runs uninterrupted")
 	f.DurationVar(&opts.Grace, "grace", bench.DefaultEvictGrace, "concurrency: the workers' --eviction-grace")
 	f.IntVar(&opts.Trials, "trials", bench.DefaultEvictTrials, "exactly-once: calls, each a trial")

@@ -345,38 +345,39 @@ func deployEvict(ctx context.Context, cli *client.Client, spec function.Spec, co
 	return nil
 }
 
-// memoryFor is the memory limit of a function touching mb MB: the data,
+// memoryFor is the memory limit of a function holding mb MB: the data,
 // the interpreter and headroom, rounded up to 64 MB.
 func memoryFor(mb int) int {
 	m := mb + 128
 	return (m + 63) / 64 * 64
 }
 
-// memCode is the function of the concurrency and overhead parts: it
-// touches every page of mb MB (an untouched page is the zero page, which
-// CRIU does not dump), then sleeps steps × step_ms, in steps so that a
-// restored call's remaining sleep is short, and returns what lets the
-// benchmark check it ran to the end on intact memory.
-const memCode = `import time
+// memCode is the function of the concurrency part: it holds mb MB of
+// random bytes (incompressible, like the 50 MB a compression function
+// holds in R-Check §5.7: every page is dumped, stored and restored in
+// full), then sleeps steps × step_ms, in steps so that a restored call's
+// remaining sleep is short, and answers whether its memory came through
+// intact.
+const memCode = `import hashlib, os, time
 def handler(e, c):
-    n = e["mb"] << 20
-    buf = bytearray(n)
-    buf[::4096] = b"\x01" * ((n + 4095) // 4096)
+    buf = os.urandom(e["mb"] << 20)
+    digest = hashlib.sha256(buf).digest()
     for _ in range(e["steps"]):
         time.sleep(e["step_ms"] / 1000)
-    return {"i": e["i"], "steps": e["steps"], "pages": sum(buf[::4096])}
+    return {"i": e["i"], "steps": e["steps"], "mb": len(buf) >> 20, "intact": hashlib.sha256(buf).digest() == digest}
 `
 
 // memResult is memCode's answer.
 type memResult struct {
-	I     int `json:"i"`
-	Steps int `json:"steps"`
-	Pages int `json:"pages"`
+	I      int  `json:"i"`
+	Steps  int  `json:"steps"`
+	MB     int  `json:"mb"`
+	Intact bool `json:"intact"`
 }
 
 func (r memResult) check(i, steps, mb int) error {
-	if pages := (mb<<20 + 4095) / 4096; r.I != i || r.Steps != steps || r.Pages != pages {
-		return fmt.Errorf("result %+v, want i %d, steps %d, pages %d", r, i, steps, pages)
+	if r.I != i || r.Steps != steps || r.MB != mb || !r.Intact {
+		return fmt.Errorf("result %+v, want call %d, %d steps, %d MB intact", r, i, steps, mb)
 	}
 	return nil
 }
@@ -417,6 +418,30 @@ func hops(c function.Call) hopStats {
 // hit reports whether an eviction struck the call: it was checkpointed
 // because of one, or lost with its worker.
 func (h hopStats) hit() bool { return h.Evicted > 0 || h.Lost > 0 }
+
+// finalRecord polls the record of call id until it holds the call's
+// outcome, for up to 10 s: the worker writes a sync call's record after
+// it answers.
+func finalRecord(ctx context.Context, cli *client.Client, id string) (function.Call, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := cli.Call(ctx, id)
+		if err == nil && (c.Status == function.StatusSucceeded || c.Status == function.StatusFailed) {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("call %s: record still %s after 10 s", id, c.Status)
+			}
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return c, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
 
 // waitRunning polls GET /v1/workers/{id} until the worker runs n calls.
 func waitRunning(ctx context.Context, cli *client.Client, id string, n int, timeout time.Duration) error {

@@ -56,7 +56,7 @@ type EvictConcurrency struct {
 const evictMemFunction = "bench-evict-mem"
 
 func evictConcurrency(ctx context.Context, opts EvictOptions, env *evictEnv, out io.Writer) (*EvictConcurrencyRun, error) {
-	fmt.Fprintf(out, "\n== part concurrency: N sync calls (%d MB touched, ~%gs each) moved from a SIGTERMed worker to a fresh one; grace %s\n",
+	fmt.Fprintf(out, "\n== part concurrency: N sync calls (%d MB of random bytes each, ~%gs) moved from a SIGTERMed worker to a fresh one; grace %s\n",
 		opts.MB, opts.CallSeconds, opts.Grace)
 	c, cli, err := evictCluster(ctx, opts, env, EvictPartConcurrency, opts.Grace)
 	if err != nil {
@@ -67,7 +67,8 @@ func evictConcurrency(ctx context.Context, opts EvictOptions, env *evictEnv, out
 	// instances, and past any call's run time with its moves.
 	timeout := max(opts.Grace.Seconds()+60, 5*opts.CallSeconds, 300)
 	run := &EvictConcurrencyRun{MB: opts.MB, CallSeconds: opts.CallSeconds, GraceMS: opts.Grace.Milliseconds(), TimeoutS: timeout}
-	if err := deployEvict(ctx, cli, function.Spec{Name: evictMemFunction, MemoryMB: memoryFor(opts.MB), TimeoutSec: timeout}, memCode); err != nil {
+	spec := function.Spec{Name: evictMemFunction, MemoryMB: memoryFor(opts.MB), TimeoutSec: timeout}
+	if err := deployEvict(ctx, cli, spec, memCode); err != nil {
 		return nil, err
 	}
 	const stepMS = 100
@@ -94,6 +95,13 @@ func evictConcurrency(ctx context.Context, opts EvictOptions, env *evictEnv, out
 	fmt.Fprintf(out, "uninterrupted call: %.0f ms\n", run.BaselineMS)
 
 	for _, n := range opts.N {
+		// A fresh version for each step, deployed while only A runs (its
+		// instance starts there): an evicted worker lets a call finish
+		// when 5 or more finished calls of its version predict it ends
+		// within the grace, and this part measures calls that move.
+		if err := deployEvict(ctx, cli, spec, memCode); err != nil {
+			return run, err
+		}
 		step, err := evictConcurrencyStep(ctx, c, cli, a, b, n, event, steps, opts)
 		if step != nil {
 			run.Steps = append(run.Steps, *step)
@@ -155,7 +163,7 @@ func evictConcurrencyStep(ctx context.Context, c *Cluster, cli *client.Client, a
 	var cks, rss []float64
 	for i := range n {
 		if errs[i] == nil && st.CallIDs[i] != "" {
-			rec, err := cli.Call(ctx, st.CallIDs[i])
+			rec, err := finalRecord(ctx, cli, st.CallIDs[i])
 			if err != nil {
 				errs[i] = fmt.Errorf("record: %w", err)
 			} else if h := hops(rec); h.Evicted > 0 && h.Resumes > 0 {

@@ -73,7 +73,8 @@ func evictOnce(ctx context.Context, opts EvictOptions, env *evictEnv, out io.Wri
 		return nil, err
 	}
 	defer closeEvictCluster(c, opts, EvictPartOnce)
-	if err := deployEvict(ctx, cli, function.Spec{Name: evictOnceFunction, MemoryMB: 128, TimeoutSec: 120}, counter.DrawsCode); err != nil {
+	spec := function.Spec{Name: evictOnceFunction, MemoryMB: 128, TimeoutSec: 120}
+	if err := deployEvict(ctx, cli, spec, counter.DrawsCode); err != nil {
 		return nil, err
 	}
 	run := &EvictOnceRun{Trials: opts.Trials, Batch: opts.Batch, Steps: onceSteps, StepMS: onceStepMS}
@@ -103,6 +104,13 @@ func evictOnce(ctx context.Context, opts EvictOptions, env *evictEnv, out io.Wri
 	start := time.Now()
 	for batch, trial := 0, 0; trial < opts.Trials; batch++ {
 		k := min(opts.Batch, opts.Trials-trial)
+		// A fresh version for each batch, deployed while only A runs: an
+		// evicted worker lets a call finish when 5 or more finished calls
+		// of its version predict it ends within the grace, and the proof
+		// wants calls that move.
+		if err := deployEvict(ctx, cli, spec, counter.DrawsCode); err != nil {
+			return run, err
+		}
 		calls, err := onceBatch(ctx, c, cli, ctr, rng, a, b, batch, trial, k, dur, event)
 		run.Calls = append(run.Calls, calls...)
 		for _, cl := range calls {
@@ -185,7 +193,7 @@ func onceBatch(ctx context.Context, c *Cluster, cli *client.Client, ctr *counter
 		if cl.CallID == "" {
 			continue
 		}
-		rec, err := cli.Call(ctx, cl.CallID)
+		rec, err := finalRecord(ctx, cli, cl.CallID)
 		if err != nil {
 			cl.Error += "; record: " + err.Error()
 			continue

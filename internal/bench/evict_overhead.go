@@ -83,11 +83,13 @@ const (
 var overheadPolicies = []string{PolicyRCheck, PolicyRerun, PolicyKappa}
 
 // workloadCode is the overhead part's function: a stand-in for R-Check's
-// BFS, it holds mb MB of state and runs steps steps of step_ms, each
-// dirtying a page of the state and folding it into a checksum. With
-// "kappa" set it is Kappa-style: it starts from the state last saved
-// under its key, if any, and saves its state every period_s.
-const workloadCode = `import pickle, time, urllib.error, urllib.request
+// BFS, it holds mb MB of state (random bytes, seeded by the call: as
+// incompressible as a graph, and the same in every run of the call) and
+// runs steps steps of step_ms, each dirtying a page of the state and
+// folding it into a checksum. With "kappa" set it is Kappa-style: it
+// starts from the state last saved under its key, if any, and saves its
+// state every period_s.
+const workloadCode = `import pickle, random, time, urllib.error, urllib.request
 def _get(url):
     try:
         with urllib.request.urlopen(url, timeout=60) as r:
@@ -106,10 +108,7 @@ def handler(e, c):
         if blob is not None:
             st, resumed = pickle.loads(blob), True
     if st is None:
-        n = e["mb"] << 20
-        buf = bytearray(n)
-        buf[::4096] = b"\x01" * ((n + 4095) // 4096)
-        st = {"step": 0, "acc": 0, "buf": buf}
+        st = {"step": 0, "acc": 0, "buf": bytearray(random.Random(e["i"]).randbytes(e["mb"] << 20))}
     buf, pages = st["buf"], len(st["buf"]) // 4096
     last = time.monotonic()
     while st["step"] < e["steps"]:
@@ -484,7 +483,7 @@ func overheadHit(ctx context.Context, c *Cluster, cli *client.Client, fn string,
 		h.Resumed = r.Resumed
 	}
 	if o.res != nil && o.res.CallID != "" {
-		if rec, err := cli.Call(ctx, o.res.CallID); err == nil {
+		if rec, err := finalRecord(ctx, cli, o.res.CallID); err == nil {
 			hs := hops(rec)
 			h.Moved, h.Lost = hs.Evicted > 0, hs.Lost > 0
 			if len(hs.CheckpointMS) > 0 {

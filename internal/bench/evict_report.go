@@ -68,7 +68,7 @@ func mean(v []float64) float64 {
 }
 
 func printEvictConcurrency(w io.Writer, r *EvictConcurrencyRun) {
-	fmt.Fprintf(w, "\nconcurrent checkpoints (R-Check §5.7): %d MB touched per call, calls of ~%g s, uninterrupted call %.0f ms\n",
+	fmt.Fprintf(w, "\nconcurrent checkpoints (R-Check §5.7): %d MB of random bytes per call, calls of ~%g s, uninterrupted call %.0f ms\n",
 		r.MB, r.CallSeconds, r.BaselineMS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "N\tmoved\tfailed\tcheckpoint p50 ms\tp95\trestore p50 ms\tp95\timage MB p50\tcall p50 ms\tvs uninterrupted\teviction ms\t")
@@ -172,7 +172,7 @@ func writeEvictResults(dir string, rep *EvictReport) error {
 			rs, rs95 = append(rs, s.RestoreP50), append(rs95, s.RestoreP95)
 		}
 		c := chart{Title: title, X: chartAxis{Label: "calls checkpointed at once on the evicted worker", Log: true, Ticks: n},
-			Y: chartAxis{Label: fmt.Sprintf("ms per call (%d MB touched)", r.MB)}, Series: []chartSeries{
+			Y: chartAxis{Label: fmt.Sprintf("ms per call (%d MB of random bytes)", r.MB)}, Series: []chartSeries{
 				{Label: "checkpoint p50 (notice to image stored)", X: n, Y: ck, Color: Palette[0], Line: true, Dot: 5},
 				{Label: "checkpoint p95", X: n, Y: ck95, Color: Palette[0], Line: true, Dash: DashDashed},
 				{Label: "restore p50", X: n, Y: rs, Color: Palette[1], Line: true, Dot: 5},
