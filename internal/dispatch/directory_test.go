@@ -529,12 +529,7 @@ func TestPlaceFollowsTheWorkerThatAnswered(t *testing.T) {
 func TestPlaceForgetsHintsOfWorkersThatLeft(t *testing.T) {
 	e := newEnv(t)
 	dir := e.withDirectory(t)
-	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
-	worker, done := dir.place("fn", 1)
-	if worker != "a" {
-		t.Fatalf("placed on %q, want a", worker)
-	}
-	done("a")
+	answeredOnA(t, e, dir)
 	if err := e.bus.Workers.Delete(testenv.Ctx(t), bus.WorkerKey("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -556,12 +551,7 @@ func TestPlaceForgetsHintsOfWorkersThatLeft(t *testing.T) {
 func TestPlaceSkipsDrainingWorkers(t *testing.T) {
 	e := newEnv(t)
 	dir := e.withDirectory(t)
-	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
-	worker, done := dir.place("fn", 1)
-	if worker != "a" {
-		t.Fatalf("placed on %q, want a", worker)
-	}
-	done("a")
+	answeredOnA(t, e, dir)
 	s := summary("a", 1, api.Holding{Function: "fn", Version: 1, Idle: 1})
 	s.Draining = true
 	e.publish(t, dir, s)
@@ -574,4 +564,16 @@ func TestPlaceSkipsDrainingWorkers(t *testing.T) {
 	if list, _ := dir.List(testenv.Ctx(t)); len(list) != 1 || !list[0].Draining {
 		t.Errorf("List() = %+v, want a, draining", list)
 	}
+}
+
+// answeredOnA publishes worker a holding an idle instance of fn@1, and
+// places a call of it there that a answers: a has the placement hint.
+func answeredOnA(t *testing.T, e *env, dir *Directory) {
+	t.Helper()
+	e.publish(t, dir, summary("a", 0, api.Holding{Function: "fn", Version: 1, Idle: 1}))
+	worker, done := dir.place("fn", 1)
+	if worker != "a" {
+		t.Fatalf("placed on %q, want a", worker)
+	}
+	done("a")
 }

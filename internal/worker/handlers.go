@@ -22,6 +22,10 @@ import (
 
 // handleSync serves one synchronous call and replies to the dispatcher.
 func (w *Worker) handleSync(ctx context.Context, m *nats.Msg) {
+	if m.Reply == "" {
+		w.log.Warn("dropping a sync call without a reply subject: nobody waits for it", "subject", m.Subject)
+		return
+	}
 	req, err := callmsg.ParseRequest(m)
 	if err != nil {
 		_ = m.RespondMsg(callmsg.ErrorReply(err))
