@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,5 +256,56 @@ func TestEvictionOfManyCalls(t *testing.T) {
 				t.Errorf("%d calls moved and %d records show an attempt lost to the eviction; want %d in all", moved, lost, n)
 			}
 		})
+	}
+}
+
+// libsAfterRestoreCode imports hashlib only after the call moved: its
+// first use of OpenSSL takes glibc rwlocks, which check the calling
+// thread's id as glibc keeps it in the thread's memory.
+const libsAfterRestoreCode = `import time
+def handler(event, context):
+    for _ in range(event["steps"]):
+        time.sleep(0.01)
+    import hashlib
+    return {"digest": hashlib.sha256(b"torpor").hexdigest()}
+`
+
+// TestMovedCallsKeepTheirThreadIDs: calls moved together from a worker (on
+// the host's network, where dumps take longest) use OpenSSL after the
+// restore. A dump whose image pipes were read after CRIU killed the
+// process used to hold the thread-id words the kernel clears at exit:
+// most such calls then crashed in the first rwlock they took.
+func TestMovedCallsKeepTheirThreadIDs(t *testing.T) {
+	for round := range 2 {
+		c := newCluster(t, nil)
+		opts := []nodeOption{withGrace(60 * time.Second), withHostNetwork}
+		a := newNode(t, c.bus, c.store, c.keys, "a", opts...)
+		a.deploySpec(t, function.Spec{Name: "libs", TimeoutSec: 120}, libsAfterRestoreCode)
+		const n = 4
+		type outcome struct {
+			res function.InvokeResult
+			err error
+		}
+		done := make(chan outcome, n)
+		for range n {
+			go func() {
+				res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "libs", Payload: []byte(`{"steps": 300}`)})
+				done <- outcome{res, err}
+			}()
+		}
+		testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d calls running on a", n), func() bool { return a.w.Summary().Running == n })
+		newNode(t, c.bus, c.store, c.keys, "b", opts...)
+		if rep := a.w.Evict(context.Background(), 60*time.Second, "test"); rep.Moved != n {
+			t.Errorf("round %d: moved %d of %d calls", round, rep.Moved, n)
+		}
+		for range n {
+			o := <-done
+			if o.err != nil || o.res.Err != nil {
+				t.Fatalf("round %d: a moved call failed after its restore: %v %+v", round, o.err, o.res.Err)
+			}
+			if !strings.Contains(string(o.res.Payload), "digest") {
+				t.Fatalf("round %d: result %s", round, o.res.Payload)
+			}
+		}
 	}
 }

@@ -196,9 +196,13 @@ func (e *Engine) Checkpoint(ctx context.Context, spec snapshot.CheckpointSpec, s
 		return snapshot.CheckpointStats{}, fmt.Errorf("checkpoint pid %d: %w", spec.Pid, err)
 	}
 	defer capt.close()
+	gate, err := newPostDumpGate(dir)
+	if err != nil {
+		return snapshot.CheckpointStats{}, fmt.Errorf("checkpoint pid %d: %w", spec.Pid, err)
+	}
 
 	args := []string{"dump", "--tree", strconv.Itoa(spec.Pid), "--images-dir", dir, "--work-dir", dir,
-		"--log-file", "dump.log", "--stream"}
+		"--log-file", "dump.log", "--stream", "--action-script", gate.script}
 
 	if spec.LeaveRunning {
 		args = append(args, "--leave-running")
@@ -215,12 +219,19 @@ func (e *Engine) Checkpoint(ctx context.Context, spec snapshot.CheckpointSpec, s
 	serveCtx, cancelServe := context.WithCancel(ctx)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- capt.serve(serveCtx) }()
+	gateErr := make(chan error, 1)
+	go func() { gateErr <- gate.run(serveCtx, capt.drained) }()
 	werr := cmd.Wait()
+	gate.close()
 	if werr != nil {
 		cancelServe() // CRIU may have died before connecting
 	}
+	gerr := <-gateErr
 	serr := <-serveErr
 	cancelServe()
+	if serr == nil {
+		serr = gerr
+	}
 	st := snapshot.CheckpointStats{Duration: time.Since(start), Bytes: capt.bytes}
 	if werr != nil {
 		return st, failure(ctx, "dump of pid "+strconv.Itoa(spec.Pid), filepath.Join(dir, "dump.log"), werr, out.String())

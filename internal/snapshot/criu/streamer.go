@@ -9,7 +9,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -47,6 +50,9 @@ type capture struct {
 	errMu sync.Mutex
 	err   error
 	bytes int64
+	conn  *net.UnixConn   // CRIU's, once accepted
+	req   *fdReader       // reads conn
+	files []chan struct{} // one per image file, closed once it is read to its end
 }
 
 func listenCapture(dir string, sink snapshot.ImageSink) (*capture, error) {
@@ -83,7 +89,11 @@ func (c *capture) serve(ctx context.Context) error {
 	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stopConn()
 	defer conn.Close()
-	rerr := c.readRequests(conn)
+	r := &fdReader{conn: conn}
+	c.errMu.Lock()
+	c.conn, c.req = conn, r
+	c.errMu.Unlock()
+	rerr := c.readRequests(r)
 	c.wg.Wait()
 	if rerr != nil {
 		c.fail(rerr)
@@ -96,9 +106,51 @@ func (c *capture) serve(ctx context.Context) error {
 // close stops a capture whose CRIU never connected.
 func (c *capture) close() { c.ln.Close() }
 
+// drained waits until every image file CRIU has asked for so far is read
+// to its end: it is called while CRIU waits in its post-dump stage (see
+// postDumpGate), when every request it made is in the socket and every
+// file it wrote is closed. A request is in hand once the reader waits on
+// an empty socket.
+func (c *capture) drained(ctx context.Context) error {
+	for {
+		c.errMu.Lock()
+		r, conn, files := c.req, c.conn, slices.Clone(c.files)
+		c.errMu.Unlock()
+		if r != nil && r.waiting.Load() && unread(conn) == 0 {
+			for _, done := range files {
+				select {
+				case <-done:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// unread is how many bytes wait in conn's receive queue (-1 if unknown).
+func unread(conn *net.UnixConn) int {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	n := -1
+	_ = rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n
+}
+
 // readRequests reads (request, fd) pairs until EOF.
-func (c *capture) readRequests(conn *net.UnixConn) error {
-	r := &fdReader{conn: conn}
+func (c *capture) readRequests(r *fdReader) error {
 	defer r.closeFds()
 	for {
 		var hdr [4]byte
@@ -133,9 +185,14 @@ func (c *capture) readRequests(conn *net.UnixConn) error {
 			pipe.Close()
 			return fmt.Errorf("image streamer: %s: %w", name, err)
 		}
+		done := make(chan struct{})
+		c.errMu.Lock()
+		c.files = append(c.files, done)
+		c.errMu.Unlock()
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
+			defer close(done)
 			defer pipe.Close()
 			buf := copyBufs.Get().(*[]byte)
 			n, err := io.CopyBuffer(w, struct{ io.Reader }{pipe}, *buf) // not File.WriteTo: it would pick its own small buffer
@@ -211,11 +268,16 @@ type fdReader struct {
 	fds  []int
 	oob  [128]byte // room for a few SCM_RIGHTS descriptors
 	tmp  [512]byte
+	// waiting: blocked on the socket with nothing buffered, so every
+	// whole request that arrived so far has been handed out.
+	waiting atomic.Bool
 }
 
 func (r *fdReader) Read(p []byte) (int, error) {
 	for len(r.buf) == 0 {
+		r.waiting.Store(true)
 		n, oobn, _, _, err := r.conn.ReadMsgUnix(r.tmp[:], r.oob[:])
+		r.waiting.Store(false)
 		// A failed read (the connection closed under it, as a cancelled
 		// dump does) may report -1.
 		n, oobn = max(n, 0), max(oobn, 0)
