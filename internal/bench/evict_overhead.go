@@ -263,7 +263,9 @@ func evictOverhead(ctx context.Context, opts EvictOptions, env *evictEnv, out io
 	// The longest call, with its moves, stays well inside the timeout; a
 	// timeout past the grace makes the instances checkpointable.
 	timeout := max(5*evictMix[len(evictMix)-1].Seconds*opts.TimeScale+60, grace.Seconds()+60)
-	want := map[int]workloadResult{} // call index → the plain run's answer
+	// want[i] is call i's answer in the plain run; concurrent calls write
+	// their own index only.
+	want := make([]workloadResult, len(calls))
 	for _, policy := range overheadPolicies {
 		pgrace, fn, kappa := grace, evictWorkFunction, false
 		switch policy {
@@ -413,7 +415,7 @@ func parseWorkload(res *client.Result) (workloadResult, error) {
 // overheadHits runs each victim alone: sent to the cluster, its worker
 // gets SIGTERM at its instant and is started again once it exited.
 func overheadHits(ctx context.Context, c *Cluster, cli *client.Client, fn string, calls []overheadCall, victims []int,
-	event func(overheadCall) []byte, want map[int]workloadResult, out io.Writer, policy string) ([]OverheadHit, error) {
+	event func(overheadCall) []byte, want []workloadResult, out io.Writer, policy string) ([]OverheadHit, error) {
 	hits := make([]OverheadHit, 0, len(victims))
 	t0 := time.Now()
 	for k, i := range victims {
