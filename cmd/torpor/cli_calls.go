@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -85,18 +86,21 @@ func callStart(c function.Call) string {
 // callHops is how many workers the call ran on, and why it left the
 // others: "2 (moved)" for a call checkpointed once and resumed, "2 (lost)"
 // for one run again after its worker went away (`torpor call ID` shows
-// each hop).
+// each hop). Attempts that failed before the call ran ("retry: …", a
+// restore that failed) are not hops.
 func callHops(c function.Call) string {
-	moved, lost := 0, 0
+	moved, lost, retries := 0, 0, 0
 	for _, a := range c.Attempts {
-		switch a.Outcome {
-		case function.OutcomeCheckpointed:
+		switch {
+		case a.Outcome == function.OutcomeCheckpointed:
 			moved++
-		case function.OutcomeLost:
+		case a.Outcome == function.OutcomeLost:
 			lost++
+		case strings.HasPrefix(a.Outcome, "retry:"):
+			retries++
 		}
 	}
-	n := max(len(c.Attempts), 1)
+	n := max(len(c.Attempts)-retries, 1)
 	switch {
 	case moved > 0 && lost > 0:
 		return fmt.Sprintf("%d (%d moved, %d lost)", n, moved, lost)

@@ -21,6 +21,7 @@ func TestCallHops(t *testing.T) {
 		{"sliced three times", []function.Attempt{moved, moved, moved, ok}, "4 (moved)"},
 		{"run again after a crash", []function.Attempt{lost, ok}, "2 (lost)"},
 		{"moved, then its resuming worker died", []function.Attempt{moved, lost, ok}, "3 (1 moved, 1 lost)"},
+		{"moved, a restore failed and was retried", []function.Attempt{moved, {Outcome: "retry: restore: no memory"}, ok}, "2 (moved)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -59,29 +60,16 @@ func TestExactlyOnceUnderRandomEvictions(t *testing.T) {
 		key := "trial-" + strconv.Itoa(i)
 		id := function.NewCallID()
 		at := time.Duration(rand.Int64N(int64(dur)))
-		type outcome struct {
-			res function.InvokeResult
-			err error
-		}
 		done := make(chan outcome, 1)
 		evicted := cur
-		go func() {
-			res, err := evicted.w.Serve(testenv.Ctx(t), function.InvokeRequest{Function: "once", Version: 1, CallID: id, Payload: event(key)})
-			done <- outcome{res, err}
-		}()
+		goInvoke(done, func() (function.InvokeResult, error) {
+			return evicted.w.Serve(testenv.Ctx(t), function.InvokeRequest{Function: "once", Version: 1, CallID: id, Payload: event(key)})
+		})
 		time.Sleep(at)
 		rep := evicted.w.Evict(context.Background(), grace, "trial "+strconv.Itoa(i))
 		moved += rep.Moved
-		var o outcome
-		select {
-		case o = <-done:
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("trial %d (evicted at %s): the call never returned", i, at)
-		}
-		if o.err != nil || o.res.Err != nil {
-			t.Fatalf("trial %d (evicted at %s): err %v, function error %+v", i, at, o.err, o.res.Err)
-		}
-		if err := counter.CheckDraws(o.res.Payload, steps, ctr.Value(key)); err != nil {
+		res := awaitSucceeded(t, done, 2*time.Minute, fmt.Sprintf("trial %d (evicted at %s)", i, at))
+		if err := counter.CheckDraws(res.Payload, steps, ctr.Value(key)); err != nil {
 			t.Fatalf("trial %d (evicted at %s of ~%s, moved %d): %v", i, at, dur, rep.Moved, err)
 		}
 		// The call ended on the other worker, whose instance is now hot:

@@ -40,6 +40,46 @@ type stepsResult struct {
 	Pids  []int  `json:"pids"`
 }
 
+// outcome is the answer to a call made in a goroutine (goInvoke).
+type outcome struct {
+	res function.InvokeResult
+	err error
+}
+
+// goInvoke makes a call in a goroutine and sends its answer to done.
+func goInvoke(done chan<- outcome, invoke func() (function.InvokeResult, error)) {
+	go func() {
+		res, err := invoke()
+		done <- outcome{res, err}
+	}()
+}
+
+// awaitSucceeded waits up to within for the next answer on done and fails
+// the test unless its call succeeded.
+func awaitSucceeded(t *testing.T, done <-chan outcome, within time.Duration, what string) function.InvokeResult {
+	t.Helper()
+	select {
+	case o := <-done:
+		if o.err != nil || o.res.Err != nil {
+			t.Fatalf("%s: err %v, function error %+v", what, o.err, o.res.Err)
+		}
+		return o.res
+	case <-time.After(within):
+		t.Fatalf("%s: no answer within %s", what, within)
+	}
+	return function.InvokeResult{}
+}
+
+// stepsOf decodes the result of stepsCode and checks its step count.
+func stepsOf(t *testing.T, res function.InvokeResult, steps int) stepsResult {
+	t.Helper()
+	var r stepsResult
+	if err := json.Unmarshal(res.Payload, &r); err != nil || r.Steps != steps {
+		t.Fatalf("result %s (want %d steps): %v", res.Payload, steps, err)
+	}
+	return r
+}
+
 // deploySpec deploys app.py = code with spec.
 func (n node) deploySpec(t *testing.T, spec function.Spec, code string) {
 	t.Helper()
@@ -64,18 +104,13 @@ func TestEvictionMovesRunningCall(t *testing.T) {
 	a.deploySpec(t, function.Spec{Name: "steps", TimeoutSec: 60}, stepsCode)
 	b := newNode(t, c.bus, c.store, c.keys, "b", withGrace(10*time.Second))
 
-	type outcome struct {
-		res function.InvokeResult
-		err error
-	}
 	done := make(chan outcome, 1)
 	id := function.NewCallID()
-	go func() {
+	goInvoke(done, func() (function.InvokeResult, error) {
 		// Through a's in-process path: a holds the validated instance.
-		res, err := a.w.Serve(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Version: 1, CallID: id,
+		return a.w.Serve(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Version: 1, CallID: id,
 			Payload: []byte(`{"steps": 100, "ms": 10}`)})
-		done <- outcome{res, err}
-	}()
+	})
 	time.Sleep(400 * time.Millisecond)
 	// The worker's info lists the running call's instance as busy.
 	busy := 0
@@ -92,20 +127,8 @@ func TestEvictionMovesRunningCall(t *testing.T) {
 	if rep.Moved != 1 {
 		t.Errorf("eviction moved %d calls, want 1", rep.Moved)
 	}
-	var o outcome
-	select {
-	case o = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the moved call never returned")
-	}
-	if o.err != nil || o.res.Err != nil {
-		t.Fatalf("moved call: err %v, function error %+v", o.err, o.res.Err)
-	}
-	var r stepsResult
-	if err := json.Unmarshal(o.res.Payload, &r); err != nil {
-		t.Fatal(err)
-	}
-	if r.Steps != 100 || len(r.Sum) != 64 {
+	r := stepsOf(t, awaitSucceeded(t, done, 60*time.Second, "the moved call"), 100)
+	if len(r.Sum) != 64 {
 		t.Errorf("result %+v", r)
 	}
 	if len(r.Pids) != 1 {
@@ -133,6 +156,39 @@ func TestEvictionMovesRunningCall(t *testing.T) {
 	}
 }
 
+// TestCallerGoneIsNotRunAgain: a call served in-process whose caller
+// goes away ends there: it is not taken for one its worker gave up, and
+// no worker, this one included, runs it again.
+func TestCallerGoneIsNotRunAgain(t *testing.T) {
+	c := newCluster(t, nil)
+	a := c.node(t, "a")
+	a.deploySpec(t, function.Spec{Name: "steps", TimeoutSec: 60}, stepsCode)
+	if res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Payload: []byte(`{"steps": 1}`)}); err != nil || res.Err != nil {
+		t.Fatalf("warm-up call: %v %+v", err, res.Err)
+	}
+	b := c.node(t, "b")
+	ctx, cancel := context.WithCancel(testenv.Ctx(t))
+	done := make(chan outcome, 1)
+	goInvoke(done, func() (function.InvokeResult, error) {
+		return a.d.Invoke(ctx, function.InvokeRequest{Function: "steps", Payload: []byte(`{"steps": 300, "ms": 10}`)})
+	})
+	testenv.Eventually(t, 10*time.Second, "the call running on a", func() bool { return a.w.Summary().Running == 1 })
+	cancel()
+	select {
+	case o := <-done:
+		if o.err == nil {
+			t.Fatalf("the call answered %s after its caller went away", o.res.Payload)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call's caller went away, and the call still ran")
+	}
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) { // longer than the call
+		if ra, rb := a.w.Summary().Running, b.w.Summary().Running; ra+rb != 0 {
+			t.Fatalf("after its caller went away the call runs again: %d running on a, %d on b", ra, rb)
+		}
+	}
+}
+
 // TestSlicedCallRunsPastItsTimeout: a function whose max duration is
 // longer than its timeout runs in slices of at most the timeout, each
 // ended by a checkpoint and resumed from it; past the max duration it
@@ -145,10 +201,7 @@ func TestSlicedCallRunsPastItsTimeout(t *testing.T) {
 	if err != nil || res.Err != nil {
 		t.Fatalf("sliced call: err %v, function error %+v", err, res.Err)
 	}
-	var r stepsResult
-	if err := json.Unmarshal(res.Payload, &r); err != nil || r.Steps != 250 {
-		t.Fatalf("result %s: %v", res.Payload, err)
-	}
+	stepsOf(t, res, 250)
 	call, err := a.d.Call(testenv.Ctx(t), res.CallID)
 	if err != nil {
 		t.Fatal(err)
@@ -202,16 +255,11 @@ func TestEvictionOfManyCalls(t *testing.T) {
 			a := newNode(t, c.bus, c.store, c.keys, "a", withGrace(20*time.Second))
 			a.deploySpec(t, function.Spec{Name: "steps", TimeoutSec: 120}, stepsCode)
 			const n = 9 // more than twice the checkpoints a worker takes at once
-			type outcome struct {
-				res function.InvokeResult
-				err error
-			}
 			done := make(chan outcome, n)
 			for range n {
-				go func() {
-					res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Payload: []byte(`{"steps": 300, "ms": 10}`)})
-					done <- outcome{res, err}
-				}()
+				goInvoke(done, func() (function.InvokeResult, error) {
+					return a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "steps", Payload: []byte(`{"steps": 300, "ms": 10}`)})
+				})
 			}
 			testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d calls running on a", n), func() bool { return a.w.Summary().Running == n })
 			b := newNode(t, c.bus, c.store, c.keys, "b", withGrace(20*time.Second))
@@ -227,23 +275,12 @@ func TestEvictionOfManyCalls(t *testing.T) {
 			}
 			lost := 0
 			for range n {
-				var o outcome
-				select {
-				case o = <-done:
-				case <-time.After(90 * time.Second):
-					t.Fatal("a call never returned")
-				}
-				if o.err != nil || o.res.Err != nil {
-					t.Fatalf("call: err %v, function error %+v", o.err, o.res.Err)
-				}
-				var r stepsResult
-				if err := json.Unmarshal(o.res.Payload, &r); err != nil || r.Steps != 300 {
-					t.Fatalf("result %s: %v", o.res.Payload, err)
-				}
+				res := awaitSucceeded(t, done, 90*time.Second, "a call")
+				stepsOf(t, res, 300)
 				var call function.Call
-				testenv.Eventually(t, 10*time.Second, "the record of "+o.res.CallID, func() bool {
+				testenv.Eventually(t, 10*time.Second, "the record of "+res.CallID, func() bool {
 					var err error
-					call, err = b.d.Call(testenv.Ctx(t), o.res.CallID)
+					call, err = b.d.Call(testenv.Ctx(t), res.CallID)
 					return err == nil && call.Status == function.StatusSucceeded
 				})
 				for _, at := range call.Attempts {
@@ -282,16 +319,11 @@ func TestMovedCallsKeepTheirThreadIDs(t *testing.T) {
 		a := newNode(t, c.bus, c.store, c.keys, "a", opts...)
 		a.deploySpec(t, function.Spec{Name: "libs", TimeoutSec: 120}, libsAfterRestoreCode)
 		const n = 4
-		type outcome struct {
-			res function.InvokeResult
-			err error
-		}
 		done := make(chan outcome, n)
 		for range n {
-			go func() {
-				res, err := a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "libs", Payload: []byte(`{"steps": 300}`)})
-				done <- outcome{res, err}
-			}()
+			goInvoke(done, func() (function.InvokeResult, error) {
+				return a.d.Invoke(testenv.Ctx(t), function.InvokeRequest{Function: "libs", Payload: []byte(`{"steps": 300}`)})
+			})
 		}
 		testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d calls running on a", n), func() bool { return a.w.Summary().Running == n })
 		newNode(t, c.bus, c.store, c.keys, "b", opts...)
@@ -299,12 +331,9 @@ func TestMovedCallsKeepTheirThreadIDs(t *testing.T) {
 			t.Errorf("round %d: moved %d of %d calls", round, rep.Moved, n)
 		}
 		for range n {
-			o := <-done
-			if o.err != nil || o.res.Err != nil {
-				t.Fatalf("round %d: a moved call failed after its restore: %v %+v", round, o.err, o.res.Err)
-			}
-			if !strings.Contains(string(o.res.Payload), "digest") {
-				t.Fatalf("round %d: result %s", round, o.res.Payload)
+			res := awaitSucceeded(t, done, 2*time.Minute, fmt.Sprintf("round %d: a moved call (after its restore)", round))
+			if !strings.Contains(string(res.Payload), "digest") {
+				t.Fatalf("round %d: result %s", round, res.Payload)
 			}
 		}
 	}

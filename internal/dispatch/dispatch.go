@@ -234,7 +234,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 		if !d.leftLocal(ctx, &req, err) {
 			return res, err
 		}
-		return d.invokeAny(ctx, req, ver, func(string) {})
+		return d.invokeAny(ctx, req, ver, d.hintAnswered(ver))
 	}
 	done := func(string) {}
 	if d.dir != nil {
@@ -249,7 +249,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 					return res, err
 				}
 				done("")
-				return d.invokeAny(ctx, req, ver, func(by string) { d.dir.answered(ver.Name, ver.Version, by) })
+				return d.invokeAny(ctx, req, ver, d.hintAnswered(ver))
 			}
 			reply, by, err := d.request(ctx, bus.InvokeWorkerSubject(worker, req.Function), req)
 			switch {
@@ -257,7 +257,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 				// The worker is gone since its last summary; nothing ran.
 				done("")
 				d.log.Debug("placed worker is gone: any worker takes the call", "worker", worker, "fn", req.Function, "call", req.CallID)
-				done = func(by string) { d.dir.answered(ver.Name, ver.Version, by) }
+				done = d.hintAnswered(ver)
 			case err != nil:
 				done("")
 				return function.InvokeResult{}, requestError("call "+req.CallID+" of "+req.Function+" on worker "+worker, err)
@@ -269,6 +269,15 @@ func (d *Dispatcher) Invoke(ctx context.Context, req function.InvokeRequest) (fu
 		}
 	}
 	return d.invokeAny(ctx, req, ver, done)
+}
+
+// hintAnswered is a done func for a call sent to any worker: the worker
+// that answers it gets the version's next call.
+func (d *Dispatcher) hintAnswered(ver function.Version) func(string) {
+	if d.dir == nil {
+		return func(string) {}
+	}
+	return func(by string) { d.dir.answered(ver.Name, ver.Version, by) }
 }
 
 // invokeAny sends the call to the queue group of all workers; done hears
@@ -288,9 +297,12 @@ func (d *Dispatcher) invokeAny(ctx context.Context, req function.InvokeRequest, 
 // err: it is closing and did not start it, or it gave it up unfinished
 // and without a checkpoint (an eviction's grace ran out), which the
 // call's record then shows as a lost attempt. Either way the call goes to
-// another worker through NATS, as the next attempt.
+// another worker through NATS, as the next attempt, unless its caller has
+// gone away.
 func (d *Dispatcher) leftLocal(ctx context.Context, req *function.InvokeRequest, err error) bool {
 	switch {
+	case ctx.Err() != nil:
+		return false
 	case errors.Is(err, callmsg.ErrClosing):
 		return true
 	case errors.Is(err, callmsg.ErrAbandoned):
@@ -331,6 +343,9 @@ const deathCheck = time.Second
 func (d *Dispatcher) request(ctx context.Context, subject string, req function.InvokeRequest) (reply *nats.Msg, by string, err error) {
 	for attempt := req.Attempt + 1; ; attempt++ { // req.Attempt: those before, lost
 		req.Attempt = attempt
+		if err := ctx.Err(); err != nil { // nobody would read the answer
+			return nil, "", err
+		}
 		inbox := d.bus.NC.NewRespInbox()
 		sub, err := d.bus.NC.SubscribeSync(inbox)
 		if err != nil {

@@ -60,7 +60,14 @@ func (w *Worker) Serve(ctx context.Context, req function.InvokeRequest) (res fun
 	}
 	w.calls.Add(1)
 	w.closeMu.RUnlock()
-	await := w.serveSync(ctx, req, "", func(r function.InvokeResult, e error) { res, err = r, e })
+	// The call runs until its caller goes away or, as a call from NATS
+	// does, until the worker gives up on its calls (run tells the two
+	// apart). Waiting for a moved call's outcome is the caller's alone.
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(w.callCtx, cancel)
+	await := w.serveSync(cctx, req, "", func(r function.InvokeResult, e error) { res, err = r, e })
+	stop()
+	cancel()
 	// A call that moved runs on another worker: waiting for its outcome
 	// is not a call running here, and must not hold up an eviction.
 	w.calls.Done()
@@ -100,7 +107,7 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 		if replyTo == "" {
 			replyTo = w.bus.NC.NewRespInbox()
 			if sub, err = w.bus.NC.SubscribeSync(replyTo); err != nil {
-				w.failMoved(req, mv, err)
+				w.failMoved(ctx, req, mv, err)
 				reply(res, fmt.Errorf("call %s moved, but waiting for its outcome failed: %v: %w", req.CallID, err, errdefs.ErrUnavailable))
 				return nil
 			}
@@ -109,7 +116,7 @@ func (w *Worker) serveSync(ctx context.Context, req function.InvokeRequest, repl
 			if sub != nil {
 				_ = sub.Unsubscribe()
 			}
-			w.failMoved(req, mv, err)
+			w.failMoved(ctx, req, mv, err)
 			reply(res, err)
 			return nil
 		}
@@ -418,30 +425,21 @@ func (w *Worker) handleAsync(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if errors.Is(err, errAbandoned) {
-		// Not a failure of the call: it runs again at once, elsewhere.
-		w.lostAttempt(req, callmsg.AbandonReason(err))
+		// Not a failure of the call: it runs again from the start, on
+		// whichever worker takes it next.
+		w.lostAttempt(ctx, req, callmsg.AbandonReason(err))
 		_ = msg.Nak()
 		return
 	}
 	if err != nil {
-		if ferr := finalAsyncError(err, failures+1); ferr != nil {
+		closing := ctx.Err() != nil // not run because this worker is going away: another runs it
+		if ferr := finalAsyncError(err, failures+1); ferr != nil && !closing {
 			res.Err = ferr
 		} else {
-			throttled := errors.Is(err, errdefs.ErrThrottled)
-			if !throttled {
+			if !closing && !errors.Is(err, errdefs.ErrThrottled) {
 				log.Warn("async call not run; will retry", "err", err)
 			}
-			_, _ = w.store.Update(sctx, req.Function, req.CallID, func(c *function.Call) error {
-				if n := len(c.Attempts); n > 0 {
-					if throttled { // waiting for capacity is not an attempt
-						c.Attempts = c.Attempts[:n-1]
-					} else {
-						c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome = time.Now().UTC(), "retry: "+err.Error()
-					}
-				}
-				c.Status = function.StatusQueued
-				return nil
-			})
+			w.retryAttempt(ctx, req, err, function.StatusQueued)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}

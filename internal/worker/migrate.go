@@ -185,13 +185,17 @@ func (w *Worker) checkpointCall(ctx context.Context, rc *runningCall, ck *agentp
 		labels = map[string]string{}
 	}
 	labels["call"], labels["reason"] = rc.id, rc.reason
+	t0 := time.Now()
 	sres, err := w.snap.svc.Checkpoint(ctx, cspec, snapshot.Meta{Function: rc.ver.Name, Version: rc.ver.Version,
 		Runtime: w.snap.runtime, MemoryBytes: ck.RSS, Labels: labels})
 	if err != nil {
 		return nil, err
 	}
+	// The record's checkpoint time counts from the request to leave, turns
+	// waited included; the prediction learns the dump alone, which does
+	// not depend on how many calls were moving with this one.
+	w.stats.observeCheckpoint(rc.ver, time.Since(t0))
 	took := time.Since(rc.asked)
-	w.stats.observeCheckpoint(rc.ver, took)
 	now := time.Now().UTC()
 	return &moved{snapshot: sres.ID, elapsed: rc.elapsed + ran, hop: hop, attempt: function.Attempt{
 		Worker: w.cfg.ID, Start: rc.start, StartedAt: rc.started.UTC(), FinishedAt: now,
@@ -255,10 +259,10 @@ func (w *Worker) publishResume(ctx context.Context, r callmsg.Resume) error {
 	}
 }
 
-// failMoved records that a call checkpointed here could not be handed on:
-// its caller gets err (an async call runs again from the start).
-func (w *Worker) failMoved(req function.InvokeRequest, mv *moved, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// failMoved records that a sync call checkpointed here could not be
+// handed on: its caller gets err.
+func (w *Worker) failMoved(ctx context.Context, req function.InvokeRequest, mv *moved, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, uerr := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
 		if c.Status == function.StatusMoving {
@@ -393,19 +397,21 @@ func (w *Worker) handleResume(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if errors.Is(err, errAbandoned) {
-		// This worker is going away: the next one restores the same
-		// checkpoint (the caller, if any, waits on).
-		w.lostAttempt(r.Req, callmsg.AbandonReason(err))
+		// The restored call was given up unfinished (this worker's grace
+		// ran out, or a failed checkpoint took it): the next worker
+		// restores the same checkpoint (the caller, if any, waits on).
+		w.lostAttempt(ctx, r.Req, callmsg.AbandonReason(err))
 		_ = msg.Nak()
 		return
 	}
-	if throttled := errors.Is(err, errdefs.ErrThrottled); throttled || err != nil && retryResume(err) && failures+1 < maxAsyncFailures {
+	throttled, closing := errors.Is(err, errdefs.ErrThrottled), ctx.Err() != nil
+	if err != nil && (throttled || closing || retryResume(err) && failures+1 < maxAsyncFailures) {
 		// The checkpoint is intact: try again, here or elsewhere. Waiting
-		// for memory is not a failure.
-		if !throttled {
+		// for memory, or a worker that goes away, is not a failure.
+		if !throttled && !closing {
 			log.Warn("resume failed; will retry", "err", err, "failures", failures+1)
 		}
-		w.retryAttempt(r.Req, err)
+		w.retryAttempt(ctx, r.Req, err, function.StatusMoving)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -462,25 +468,29 @@ func superseded(c function.Call, snapshot string) bool {
 	return false
 }
 
-// retryAttempt closes the attempt this worker opened on req's call as a
-// platform failure to retry (openAttempt counts them), or drops it when
-// the worker only lacked room (err is ErrThrottled).
-func (w *Worker) retryAttempt(req function.InvokeRequest, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// retryAttempt closes the attempt this worker opened on req's call, which
+// failed with err before it could run, and leaves the call waiting in
+// status for its next attempt. A platform failure is kept, as "retry:"
+// (openAttempt counts them, and gives up after maxAsyncFailures); an
+// attempt that only lacked room (err is ErrThrottled) or whose worker is
+// going away (ctx is done) is no failure of the call, and is dropped.
+func (w *Worker) retryAttempt(ctx context.Context, req function.InvokeRequest, err error, status string) {
+	drop := errors.Is(err, errdefs.ErrThrottled) || ctx.Err() != nil
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_, uerr := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
+	_, uerr := w.store.Update(uctx, req.Function, req.CallID, func(c *function.Call) error {
 		if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == w.cfg.ID && c.Attempts[n-1].FinishedAt.IsZero() {
-			if errors.Is(err, errdefs.ErrThrottled) {
+			if drop {
 				c.Attempts = c.Attempts[:n-1]
 			} else {
 				c.Attempts[n-1].FinishedAt, c.Attempts[n-1].Outcome = time.Now().UTC(), "retry: "+err.Error()
 			}
 		}
-		c.Status = function.StatusMoving
+		c.Status = status
 		return nil
 	})
 	if uerr != nil {
-		w.log.Warn("record a failed resume", "call", req.CallID, "err", uerr)
+		w.log.Warn("record a call to retry", "call", req.CallID, "err", uerr)
 	}
 }
 
@@ -540,8 +550,8 @@ func (w *Worker) resume(ctx context.Context, r callmsg.Resume) (function.InvokeR
 }
 
 // lostAttempt closes the attempt this worker opened on req's call as lost.
-func (w *Worker) lostAttempt(req function.InvokeRequest, reason string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (w *Worker) lostAttempt(ctx context.Context, req function.InvokeRequest, reason string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err := w.store.Update(ctx, req.Function, req.CallID, func(c *function.Call) error {
 		if n := len(c.Attempts); n > 0 && c.Attempts[n-1].Worker == w.cfg.ID && c.Attempts[n-1].FinishedAt.IsZero() {

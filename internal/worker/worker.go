@@ -185,6 +185,7 @@ type Worker struct {
 	stopPublish context.CancelFunc // leaves the worker directory, once the calls are over
 	stopTmpl    context.CancelFunc // stops the templates, last
 	abandon     context.CancelFunc
+	callCtx     context.Context // done once the worker gave up on its calls (abandon)
 	stopRecord  chan struct{}
 
 	dumps *dumpQueue // checkpoints of running calls, a few at a time
@@ -237,7 +238,7 @@ func underUsr(p string) bool { return p == "/usr" || strings.HasPrefix(p, "/usr/
 func (w *Worker) Start(ctx context.Context) error {
 	callCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
 	loopCtx, stopLoops := context.WithCancel(ctx)
-	w.abandon, w.stopLoops = abandon, stopLoops
+	w.abandon, w.stopLoops, w.callCtx = abandon, stopLoops, callCtx
 	sub, err := w.bus.NC.QueueSubscribe(bus.SubjInvoke+"*", bus.Workers, func(m *nats.Msg) {
 		if !w.track(func() { w.handleSync(callCtx, m) }) {
 			_ = m.RespondMsg(callmsg.ErrorReply(errShuttingDown(w.cfg.ID)))
@@ -332,6 +333,10 @@ func (e *abandonError) Error() string {
 }
 func (e *abandonError) Unwrap() []error       { return []error{errAbandoned, e.err} }
 func (e *abandonError) AbandonReason() string { return e.reason }
+
+// gaveUp reports whether the worker gave up on its running calls: an
+// eviction's or shutdown's grace ran out.
+func (w *Worker) gaveUp() bool { return w.callCtx != nil && w.callCtx.Err() != nil }
 
 func errShuttingDown(id string) error {
 	return fmt.Errorf("worker %s is shutting down: %w: %w", id, callmsg.ErrClosing, errdefs.ErrUnavailable)
@@ -757,13 +762,14 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 			rc.armed.Store(true)
 			continue
 		}
+		ran := time.Since(t1) // a parked call waiting for its turn does not run
 		release, qerr := w.dumps.acquire(ctx, rc.rank())
-		if qerr != nil { // the worker gave up on its calls: the grace is over
+		if qerr != nil { // the worker gave up on its calls (the grace is over), or the caller went away
 			err = qerr
 			break
 		}
 		dumps++
-		mv, cerr := w.checkpointCall(ctx, rc, ck, h.n+1, time.Since(t1))
+		mv, cerr := w.checkpointCall(ctx, rc, ck, h.n+1, ran)
 		release()
 		if cerr == nil {
 			icancel()
@@ -775,7 +781,7 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 			w.publishLogs(logs)
 			return res, noop, mv
 		}
-		if ctx.Err() != nil { // the grace ran out during the dump
+		if ctx.Err() != nil { // the grace ran out (or the caller went away) during the dump
 			err = ctx.Err()
 			break
 		}
@@ -801,9 +807,14 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 		}
 		w.stats.observeDuration(ver, h.elapsed+res.Duration)
 		w.release(in)
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && w.gaveUp():
 		w.retire(in)
 		return res, noop, abandoned(function.ReasonEviction, fmt.Errorf("call %s: %w", req.CallID, ctx.Err()))
+	case ctx.Err() != nil:
+		// An in-process caller went away (Serve): the call ends with it,
+		// as one over NATS does when its caller stops waiting.
+		w.retire(in)
+		return res, noop, fmt.Errorf("call %s: its caller went away: %w", req.CallID, ctx.Err())
 	case errors.Is(err, errAbandoned):
 		w.retire(in)
 		return res, noop, err
