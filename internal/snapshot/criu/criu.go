@@ -234,7 +234,11 @@ func (e *Engine) Checkpoint(ctx context.Context, spec snapshot.CheckpointSpec, s
 	}
 	st := snapshot.CheckpointStats{Duration: time.Since(start), Bytes: capt.bytes}
 	if werr != nil {
-		return st, failure(ctx, "dump of pid "+strconv.Itoa(spec.Pid), filepath.Join(dir, "dump.log"), werr, out.String())
+		ferr := failure(ctx, "dump of pid "+strconv.Itoa(spec.Pid), filepath.Join(dir, "dump.log"), werr, out.String())
+		if gerr != nil { // the gate failed the dump: the capture's error says why
+			ferr = fmt.Errorf("%w (%v)", ferr, gerr)
+		}
+		return st, ferr
 	}
 	if serr != nil {
 		return st, fmt.Errorf("checkpoint pid %d: %w", spec.Pid, serr)

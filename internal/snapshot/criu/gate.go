@@ -30,9 +30,12 @@ import (
 //
 // CRIU runs action scripts (it execs them: the work directory must not be
 // mounted noexec) with the stage in CRTOOLS_SCRIPT_ACTION. The gate's
-// script, at post-dump only, opens one FIFO to say it is there, then
-// waits to read EOF from another, which the gate opens for writing once
-// the capture says it has drained.
+// script, at post-dump only, opens one FIFO to say it is there, then reads
+// the verdict from another, which the gate writes once the capture has
+// drained: "ok", and the script succeeds. Anything else (the capture
+// failed, or the gate was closed) fails the script, and CRIU then fails
+// the dump and lets the process run on, as after any failed dump: a call
+// whose image could not be captured is not lost with its process.
 type postDumpGate struct {
 	script           string // its path, for --action-script
 	arrived, release string // FIFOs
@@ -49,18 +52,22 @@ func newPostDumpGate(dir string) (*postDumpGate, error) {
 		}
 	}
 	g.script = filepath.Join(dir, "post-dump.sh")
-	body := fmt.Sprintf("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n: > %s\ncat %s > /dev/null\n",
-		shellQuote(g.arrived), shellQuote(g.release))
+	body := fmt.Sprintf("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n: > %s\n[ \"$(cat %s)\" = %s ]\n",
+		shellQuote(g.arrived), shellQuote(g.release), gateOK)
 	if err := os.WriteFile(g.script, []byte(body), 0o700); err != nil {
 		return nil, fmt.Errorf("post-dump gate: %w", err)
 	}
 	return g, nil
 }
 
-// run waits for CRIU to reach post-dump, then for drained, then lets CRIU
-// go on. It returns once CRIU is let go, or once close is called; an
-// error of drained is returned, and CRIU stays held until close (a dump
-// whose image was not read whole must not end as if it were).
+// gateOK is the verdict that lets a dump complete.
+const gateOK = "ok"
+
+// run waits for CRIU to reach post-dump, then for drained, then gives the
+// script its verdict: the dump completes only if drained returned nil (a
+// dump whose image was not read whole must not end as if it were). It
+// returns drained's error, once the script has its verdict or close was
+// called.
 func (g *postDumpGate) run(ctx context.Context, drained func(context.Context) error) error {
 	// Open for reading at once: the script's open for writing then
 	// returns, and its close shows as a hang-up.
@@ -82,18 +89,30 @@ func (g *postDumpGate) run(ctx context.Context, drained func(context.Context) er
 		default:
 		}
 	}
-	if err := drained(ctx); err != nil {
-		return fmt.Errorf("post-dump gate: image not read to its end: %w", err)
+	derr := drained(ctx)
+	if derr != nil {
+		derr = fmt.Errorf("post-dump gate: the image was not captured whole: %w", derr)
+	}
+	verdict := gateOK
+	if derr != nil {
+		verdict = "fail"
 	}
 	for {
 		// Succeeds once the script waits to read (ENXIO until then).
 		w, err := os.OpenFile(g.release, os.O_WRONLY|unix.O_NONBLOCK, 0)
 		if err == nil {
-			return w.Close()
+			_, werr := w.WriteString(verdict) // a few bytes: the FIFO takes them at once
+			if cerr := w.Close(); werr == nil {
+				werr = cerr
+			}
+			if werr != nil && derr == nil {
+				derr = fmt.Errorf("post-dump gate: %w", werr)
+			}
+			return derr
 		}
 		select {
 		case <-g.done:
-			return nil
+			return derr
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -102,7 +121,7 @@ func (g *postDumpGate) run(ctx context.Context, drained func(context.Context) er
 // gatePoll is how often run looks whether it was closed, in ms.
 const gatePoll = 50
 
-// close stops run and lets a script still waiting go (CRIU is gone, or
+// close stops run and fails a script still waiting (CRIU is gone, or
 // about to be killed).
 func (g *postDumpGate) close() {
 	g.once.Do(func() {

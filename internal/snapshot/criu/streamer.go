@@ -106,25 +106,26 @@ func (c *capture) serve(ctx context.Context) error {
 // close stops a capture whose CRIU never connected.
 func (c *capture) close() { c.ln.Close() }
 
-// drained waits until every image file CRIU has asked for so far is read
-// to its end: it is called while CRIU waits in its post-dump stage (see
-// postDumpGate), when every request it made is in the socket and every
-// file it wrote is closed. A request is in hand once the reader waits on
-// an empty socket.
+// drained waits until every image file CRIU has asked for is read to its
+// end, and returns the capture's first error: it is called while CRIU
+// waits in its post-dump stage (see postDumpGate), when every request it
+// made is in the socket and every file it wrote is closed.
 func (c *capture) drained(ctx context.Context) error {
 	for {
 		c.errMu.Lock()
-		r, conn, files := c.req, c.conn, slices.Clone(c.files)
+		r, conn := c.req, c.conn
 		c.errMu.Unlock()
-		if r != nil && r.waiting.Load() && unread(conn) == 0 {
-			for _, done := range files {
-				select {
-				case <-done:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+		if conn != nil {
+			n := unread(conn)
+			if n < 0 {
+				return errors.New("image streamer: cannot tell whether CRIU's requests were all read")
 			}
-			return nil
+			// In this order: CRIU sends nothing more once at post-dump, so
+			// a socket found empty and then a reader found parked means
+			// every request was read and handed out (fdReader.waiting).
+			if n == 0 && r.waiting.Load() {
+				break
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -132,6 +133,19 @@ func (c *capture) drained(ctx context.Context) error {
 		case <-time.After(time.Millisecond):
 		}
 	}
+	c.errMu.Lock()
+	files := slices.Clone(c.files)
+	c.errMu.Unlock()
+	for _, done := range files {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	return c.err
 }
 
 // unread is how many bytes wait in conn's receive queue (-1 if unknown).
@@ -268,16 +282,33 @@ type fdReader struct {
 	fds  []int
 	oob  [128]byte // room for a few SCM_RIGHTS descriptors
 	tmp  [512]byte
-	// waiting: blocked on the socket with nothing buffered, so every
-	// whole request that arrived so far has been handed out.
+	// waiting: parked on an empty socket with nothing buffered, so every
+	// whole request that arrived so far has been handed out. It is
+	// cleared before each receive, never after: a reader seen waiting
+	// has consumed nothing it has not handed out (capture.drained).
 	waiting atomic.Bool
 }
 
 func (r *fdReader) Read(p []byte) (int, error) {
+	rc, err := r.conn.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
 	for len(r.buf) == 0 {
-		r.waiting.Store(true)
-		n, oobn, _, _, err := r.conn.ReadMsgUnix(r.tmp[:], r.oob[:])
-		r.waiting.Store(false)
+		var n, oobn int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			r.waiting.Store(false)
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), r.tmp[:], r.oob[:], unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+			if rerr == unix.EAGAIN {
+				r.waiting.Store(true)
+				return false // park until the socket is readable
+			}
+			return true
+		})
+		if err == nil {
+			err = rerr
+		}
 		// A failed read (the connection closed under it, as a cancelled
 		// dump does) may report -1.
 		n, oobn = max(n, 0), max(oobn, 0)
