@@ -250,10 +250,10 @@ func writeEvictResults(dir string, rep *EvictReport) error {
 func policyLabel(p string) string {
 	switch p {
 	case PolicyRCheck:
-		return "torpor: checkpoint on the notice, resume elsewhere (R-Check)"
+		return "torpor (R-Check): moved on the notice"
 	case PolicyRerun:
-		return "re-run evicted calls from the start"
+		return "re-run from the start"
 	default:
-		return "Kappa-style: the function saves its state every 25 s (scaled)"
+		return "Kappa-style: saves every 25 s"
 	}
 }
