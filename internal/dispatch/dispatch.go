@@ -297,12 +297,10 @@ func (d *Dispatcher) invokeAny(ctx context.Context, req function.InvokeRequest, 
 // err: it is closing and did not start it, or it gave it up unfinished
 // and without a checkpoint (an eviction's grace ran out), which the
 // call's record then shows as a lost attempt. Either way the call goes to
-// another worker through NATS, as the next attempt, unless its caller has
-// gone away.
+// another worker through NATS, as the next attempt (request sends
+// nothing once the caller has gone away).
 func (d *Dispatcher) leftLocal(ctx context.Context, req *function.InvokeRequest, err error) bool {
 	switch {
-	case ctx.Err() != nil:
-		return false
 	case errors.Is(err, callmsg.ErrClosing):
 		return true
 	case errors.Is(err, callmsg.ErrAbandoned):

@@ -811,8 +811,8 @@ func (w *Worker) run(ctx context.Context, ver function.Version, req function.Inv
 		w.retire(in)
 		return res, noop, abandoned(function.ReasonEviction, fmt.Errorf("call %s: %w", req.CallID, ctx.Err()))
 	case ctx.Err() != nil:
-		// An in-process caller went away (Serve): the call ends with it,
-		// as one over NATS does when its caller stops waiting.
+		// An in-process caller went away (Serve): the call ends with it.
+		// It is not abandoned, so nobody runs it again.
 		w.retire(in)
 		return res, noop, fmt.Errorf("call %s: its caller went away: %w", req.CallID, ctx.Err())
 	case errors.Is(err, errAbandoned):
